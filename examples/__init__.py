@@ -1,1 +1,1 @@
-
+from pbkv.examples import codegen  # noqa: F401

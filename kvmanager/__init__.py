@@ -1,1 +1,36 @@
+"""The KV manager: radix tree over GPU and host tiers, PBKV scoring, eviction, prefetch (§5).
 
+Plain synchronous code (no trio, no torch), driven by an engine's scheduler step and by
+the KV-manager actor.
+"""
+
+from pbkv.kvmanager.blocks import BlockPool
+from pbkv.kvmanager.eviction import EvictionIndex
+from pbkv.kvmanager.keys import block_keys
+from pbkv.kvmanager.manager import Admission, AdmitRequest, KVConfig, KVManager
+from pbkv.kvmanager.node import Node
+from pbkv.kvmanager.policies import POLICIES, Policy, get_policy
+from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
+from pbkv.kvmanager.scoring import ScoreBoard, agent_weights
+from pbkv.kvmanager.stats import KVStatistics
+
+__all__ = [
+    "POLICIES",
+    "Admission",
+    "AdmitRequest",
+    "BlockPool",
+    "EvictionIndex",
+    "KVConfig",
+    "KVManager",
+    "KVStatistics",
+    "Lease",
+    "LoadTransfer",
+    "MatchResult",
+    "Node",
+    "Policy",
+    "RadixTree",
+    "ScoreBoard",
+    "agent_weights",
+    "block_keys",
+    "get_policy",
+]

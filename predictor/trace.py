@@ -7,11 +7,15 @@ counts per segment, output tokens and tool/think gaps, and why the workflow ende
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 import msgspec
+
+logger = logging.getLogger(__name__)
 
 TRACE_VERSION = 1
 END = "END"
@@ -50,3 +54,109 @@ class TraceRecord(msgspec.Struct, frozen=True):
     @property
     def agents(self) -> tuple[str, ...]:
         return tuple(s.agent for s in self.steps)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLineError:
+    """One line of a trace file that could not be read.
+
+    Args:
+        path: the trace file.
+        line: 1-based line number.
+        message: what was wrong, with msgspec's field path (e.g. ``$.steps[0].agent``).
+    """
+
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class TraceFileError(ValueError):
+    """A trace file holds a bad line and the reader was asked to be strict.
+
+    Attributes:
+        error: the first bad line.
+    """
+
+    def __init__(self, error: TraceLineError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class TraceReadResult(NamedTuple):
+    """What :func:`read_traces` found: the good records and the bad lines, in file order."""
+
+    records: list[TraceRecord]
+    errors: list[TraceLineError]
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(TraceRecord)
+
+
+def write_traces(path: str | Path, records: Iterable[TraceRecord]) -> int:
+    """Write ``records`` to ``path`` as JSON lines, replacing the file.
+
+    Args:
+        path: the file to write; its folder must exist.
+        records: the traces, written in order, one per line.
+
+    Returns:
+        The number of records written.
+    """
+    count = 0
+    with open(path, "wb") as f:
+        for record in records:
+            f.write(_ENCODER.encode(record))
+            f.write(b"\n")
+            count += 1
+    return count
+
+
+def read_traces(path: str | Path, *, strict: bool = False) -> TraceReadResult:
+    """Read the traces of a JSON-lines file; blank lines are ignored.
+
+    A line that is not JSON, does not match the schema, or has a version other than
+    :data:`TRACE_VERSION` is bad. By default each bad line is logged as a warning and
+    skipped.
+
+    Args:
+        path: the trace file.
+        strict: raise on the first bad line instead of skipping it.
+
+    Returns:
+        The good records and the bad lines, each in file order.
+
+    Raises:
+        TraceFileError: ``strict`` and a line is bad; the message names file, line and field.
+        OSError: the file cannot be opened.
+    """
+    path = Path(path)
+    records: list[TraceRecord] = []
+    errors: list[TraceLineError] = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(_decode_line(line))
+            except msgspec.DecodeError as exc:
+                error = TraceLineError(path, number, str(exc))
+                if strict:
+                    raise TraceFileError(error) from exc
+                logger.warning("skipping bad trace line %s", error)
+                errors.append(error)
+    return TraceReadResult(records, errors)
+
+
+def _decode_line(line: bytes) -> TraceRecord:
+    record = _DECODER.decode(line)
+    if record.version != TRACE_VERSION:
+        raise msgspec.ValidationError(
+            f"unsupported trace version {record.version} (expected {TRACE_VERSION})"
+            " - at `$.version`"
+        )
+    return record

@@ -1,0 +1,73 @@
+"""Eviction order: a priority index over the nodes that may leave one tier (§5.1–§5.2).
+
+Scores go down as well as up (a workflow's forecast moves its mass elsewhere), so the
+index re-pushes a node on every priority change and drops stale entries by version
+when they surface; a lazy heap that only repairs on pop would evict on stale keys.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from pbkv.kvmanager.node import Node
+
+Priority = tuple[Any, ...]
+
+
+class EvictionIndex:
+    """Min-priority index of eviction candidates for one tier.
+
+    Args:
+        priority: the policy's key for a node; the smallest key is evicted first.
+        is_candidate: whether a node may be evicted from this tier right now (resident,
+            unleased, no resident child in the tier).
+    """
+
+    def __init__(
+        self, priority: Callable[[Node], Priority], is_candidate: Callable[[Node], bool]
+    ) -> None:
+        self._priority = priority
+        self._is_candidate = is_candidate
+        self._heap: list[tuple[Priority, int, int, Node]] = []
+        self._version: dict[int, int] = {}
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._version)
+
+    def update(self, node: Node) -> None:
+        """Record ``node``'s current priority (call after any change that may move it).
+
+        Mutates: pushes a fresh entry; the node's older entries become stale.
+        """
+        version = self._version.get(node.serial, 0) + 1
+        self._version[node.serial] = version
+        heapq.heappush(self._heap, (self._priority(node), next(self._seq), version, node))
+        if len(self._heap) > 4 * len(self._version) + 1024:
+            self._compact()
+
+    def remove(self, node: Node) -> None:
+        """Forget ``node`` (it left the tier or the tree). Mutates the index."""
+        self._version.pop(node.serial, None)
+
+    def pop_min(self) -> Node | None:
+        """Remove and return the candidate with the smallest priority, or ``None``.
+
+        Mutates: the returned node leaves the index; call :meth:`update` to put it back.
+        """
+        while self._heap:
+            _, _, version, node = heapq.heappop(self._heap)
+            if self._version.get(node.serial) != version:
+                continue
+            del self._version[node.serial]
+            if self._is_candidate(node):
+                return node
+        return None
+
+    def _compact(self) -> None:
+        live = [e for e in self._heap if self._version.get(e[3].serial) == e[2]]
+        heapq.heapify(live)
+        self._heap = live

@@ -1,0 +1,383 @@
+"""The KV manager's synchronous core: admission, commit, prefetch and lifecycle updates.
+
+An owned-cache engine calls this directly from its scheduler step (no message hop on
+the allocation path, §4); the KV-manager actor feeds it lifecycle events and
+forecasts. Plain synchronous code: no trio, no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pbkv.kvmanager.node import Node
+from pbkv.kvmanager.policies import Policy, get_policy
+from pbkv.kvmanager.radix import Lease, LoadTransfer, RadixTree
+from pbkv.kvmanager.scoring import ScoreBoard
+from pbkv.kvmanager.stats import KVStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class KVConfig:
+    """Sizes and policy of one KV manager.
+
+    Args:
+        block_size: tokens per block.
+        gpu_capacity_blocks / host_capacity_blocks: tier sizes in blocks.
+        bytes_per_block: KV bytes of one block (all layers), for transfer accounting.
+        policy: a name from :data:`pbkv.kvmanager.policies.POLICIES`.
+        horizon: forecast steps ``K`` used by the score.
+        gamma: confidence decay of the score (paper Eq. 2).
+        bandwidth_bytes_per_s: host-to-GPU bandwidth, for the prefetch budget ``S_bw``.
+    """
+
+    block_size: int
+    gpu_capacity_blocks: int
+    host_capacity_blocks: int
+    bytes_per_block: int = 0
+    policy: str = "pbkv"
+    horizon: int = 3
+    gamma: float = 0.8
+    bandwidth_bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitRequest:
+    """What admission needs to know of one request.
+
+    Args:
+        keys: block keys of the prompt's full blocks.
+        prompt_tokens: prompt length in tokens.
+        max_new_tokens: decode budget reserved at admission (so decode never runs out).
+        workflow_id / agent: who asks (``None`` for requests outside any workflow).
+        namespace: tenant / cache salt.
+    """
+
+    keys: list[int]
+    prompt_tokens: int
+    max_new_tokens: int
+    workflow_id: str | None = None
+    agent: str = ""
+    namespace: str = ""
+
+
+@dataclass(eq=False, slots=True)
+class Admission:
+    """A running request's hold on the cache.
+
+    Attributes:
+        request: the admitted request.
+        lease: lock on its cached prefix (moves down as the prefix grows).
+        matched_blocks: blocks of the prompt found cached (GPU + host).
+        cached_gpu_tokens / cached_host_tokens: prompt tokens found in each tier.
+        loads: host-to-GPU copies the request must wait for (own and joined).
+        private_blocks: GPU blocks reserved for the uncached prompt and the output.
+        committed_blocks: prompt blocks inserted into the tree so far.
+    """
+
+    request: AdmitRequest
+    lease: Lease
+    matched_blocks: int
+    cached_gpu_tokens: int
+    cached_host_tokens: int
+    loads: list[LoadTransfer]
+    private_blocks: list[int]
+    committed_blocks: int = 0
+    done: bool = False
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.request.prompt_tokens - self.cached_gpu_tokens - self.cached_host_tokens
+
+
+@dataclass(slots=True)
+class _Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_gpu_tokens: int = 0
+    cached_host_tokens: int = 0
+    prefetch_issued_blocks: int = 0
+    prefetch_used_blocks: int = 0
+    rejected_admissions: int = 0
+
+
+class KVManager:
+    """PBKV's cache manager over a :class:`RadixTree` (§5).
+
+    Args:
+        config: sizes and policy.
+        clock: current time in seconds (``pbkv.runtime.clock.now_s`` under actors).
+
+    Raises:
+        ValueError: unknown policy name.
+    """
+
+    def __init__(self, config: KVConfig, clock: Callable[[], float]) -> None:
+        self.config = config
+        self.policy: Policy = get_policy(config.policy)
+        self.tree = RadixTree(
+            block_size=config.block_size,
+            gpu_capacity_blocks=config.gpu_capacity_blocks,
+            host_capacity_blocks=config.host_capacity_blocks,
+            priority=self.policy.priority,
+            clock=clock,
+        )
+        self.scores = ScoreBoard(self.tree.reprioritize, config.gamma)
+        self.tree.hooks.on_split = self.scores.on_split
+        self.tree.hooks.on_remove = self.scores.on_remove
+        self._counters = _Counters()
+
+    # -- admission (engine scheduler step) -----------------------------------------
+
+    def blocks_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Return the GPU blocks a request holds at its peak (prompt + output)."""
+        return math.ceil((prompt_tokens + max_new_tokens) / self.config.block_size)
+
+    def try_admit(self, request: AdmitRequest) -> Admission | None:
+        """Match, lease and reserve GPU space for ``request``, evicting as the policy says.
+
+        Host-only matched blocks are loaded (the returned admission lists the loads to
+        wait for); in-flight loads of the same blocks are joined, not repeated.
+
+        Returns:
+            The admission, or ``None`` when the GPU cannot hold the request now (it
+            stays queued; nothing changed but the eviction already done).
+
+        Raises:
+            ValueError: the request can never fit in the GPU tier.
+
+        Mutates: the tree (match splits, leases, evictions, loads), statistics.
+        """
+        total = self.blocks_needed(request.prompt_tokens, request.max_new_tokens)
+        if total > self.config.gpu_capacity_blocks:
+            raise ValueError(
+                f"request needs {total} GPU blocks; the tier holds "
+                f"{self.config.gpu_capacity_blocks}"
+            )
+        match = self.tree.match_prefix(request.keys, request.namespace)
+        lease = self.tree.lock(match.node)
+        host_nodes = match.host_nodes
+        to_load = [n for n in host_nodes if not n.loading]
+        matched = match.gpu_blocks + match.host_blocks
+        need = sum(n.num_blocks for n in to_load) + total - matched
+        if not self._make_gpu_room(need):
+            self.tree.unlock(lease)
+            self._counters.rejected_admissions += 1
+            return None
+        loads = self._joined_loads(host_nodes)
+        if to_load:
+            loads.append(self.tree.begin_load(to_load))
+        private = self.tree.allocate_private("gpu", total - matched)
+        self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
+        self._touch(match.path, request)
+        bs = self.config.block_size
+        return Admission(
+            request=request,
+            lease=lease,
+            matched_blocks=matched,
+            cached_gpu_tokens=match.gpu_blocks * bs,
+            cached_host_tokens=match.host_blocks * bs,
+            loads=loads,
+            private_blocks=private,
+            committed_blocks=matched,
+        )
+
+    def _make_gpu_room(self, need_blocks: int) -> bool:
+        short = need_blocks - self.tree.gpu.num_free
+        if short > 0:
+            self.tree.evict("gpu", short)
+        return self.tree.can_allocate("gpu", need_blocks)
+
+    def _joined_loads(self, nodes: Sequence[Node]) -> list[LoadTransfer]:
+        loads: list[LoadTransfer] = []
+        for node in nodes:
+            load = self.tree.load_of(node)
+            if load is not None and load not in loads:
+                loads.append(load)
+        return loads
+
+    def _count_admission(
+        self, request: AdmitRequest, path: Sequence[Node], gpu_blocks: int, host_blocks: int
+    ) -> None:
+        c = self._counters
+        bs = self.config.block_size
+        c.requests += 1
+        c.prompt_tokens += request.prompt_tokens
+        c.cached_gpu_tokens += gpu_blocks * bs
+        c.cached_host_tokens += host_blocks * bs
+        for node in path:
+            if node.prefetched:
+                c.prefetch_used_blocks += node.num_blocks
+                node.prefetched = False
+            elif node.loading and (load := self.tree.load_of(node)) is not None and load.prefetch:
+                c.prefetch_used_blocks += node.num_blocks
+
+    def _touch(self, path: Sequence[Node], request: AdmitRequest) -> None:
+        now = self.tree.clock()
+        for node in path:
+            node.last_access_s = now
+            self.tree.reprioritize(node)
+        if request.workflow_id is not None:
+            self.scores.touch(path, request.workflow_id, request.agent)
+
+    # -- commit and release ----------------------------------------------------------
+
+    def commit(self, admission: Admission, keys: list[int]) -> None:
+        """Insert computed blocks so other requests can hit them.
+
+        Call after prefill with the prompt's keys, and again at the end with the keys
+        of prompt + output. The admission's loads must have completed.
+
+        Args:
+            admission: the request's admission.
+            keys: block keys of the sequence computed so far (extends earlier calls).
+
+        Raises:
+            ValueError: the admission is finished, or ``keys`` is shorter than what was
+                committed before, or more blocks are needed than were reserved.
+
+        Mutates: the tree; the admission's lease moves to the new deepest node.
+        """
+        if admission.done:
+            raise ValueError("admission already released")
+        new = len(keys) - admission.committed_blocks
+        if new < 0 or new > len(admission.private_blocks):
+            raise ValueError(
+                f"cannot commit {len(keys)} blocks after {admission.committed_blocks} "
+                f"with {len(admission.private_blocks)} reserved"
+            )
+        blocks, admission.private_blocks = (
+            admission.private_blocks[:new],
+            admission.private_blocks[new:],
+        )
+        match = self.tree.insert(keys, blocks, admission.request.namespace)
+        old = admission.lease
+        admission.lease = self.tree.lock(match.node)
+        self.tree.unlock(old)
+        admission.committed_blocks = len(keys)
+        self._touch(match.path, admission.request)
+
+    def release(self, admission: Admission) -> None:
+        """End a request: free its unused reserved blocks and its lease.
+
+        Works for finished and failed requests alike (an engine failure releases its
+        leases, §10). Releasing twice is a no-op.
+        """
+        if admission.done:
+            return
+        admission.done = True
+        self.tree.free_private("gpu", admission.private_blocks)
+        admission.private_blocks = []
+        self.tree.unlock(admission.lease)
+
+    def complete_load(self, load: LoadTransfer, *, ok: bool) -> None:
+        """Finish a host-to-GPU copy (see :meth:`RadixTree.complete_load`)."""
+        self.tree.complete_load(load, ok=ok)
+
+    # -- prefetch (§5.4) ------------------------------------------------------------
+
+    def plan_prefetch(self, step_s: float) -> list[LoadTransfer]:
+        """Start conservative prefetches that fit in this decode step's idle resources.
+
+        Budget ``S = min(S_a, S_bw)``: ``S_a`` is free GPU space plus retired cache (the
+        only cache a prefetch may displace), ``S_bw`` the blocks the host link moves in
+        ``step_s``. Candidates are host-only nodes below the GPU frontier, best next-step
+        value first (the k=1 term of the score). Call only in pure-decode steps.
+
+        Returns:
+            The loads started (each holds leases until :meth:`complete_load`).
+
+        Mutates: the tree (retired evictions, loads), statistics.
+        """
+        if self.policy.prefetch == "none" or self.config.bytes_per_block <= 0:
+            return []
+        budget = int(self.config.bandwidth_bytes_per_s * step_s / self.config.bytes_per_block)
+        loads: list[LoadTransfer] = []
+        values = ((self.scores.next_step_value(n), n) for n in self._prefetch_frontier())
+        heap = [(-v, n.serial, n) for v, n in values if v > 0]
+        heapq.heapify(heap)
+        while heap and budget > 0:
+            _, _, node = heapq.heappop(heap)
+            if node.num_blocks > budget:
+                node = self.tree.split(node, budget)
+            if not self._make_prefetch_room(node.num_blocks):
+                break
+            loads.append(self.tree.begin_load([node], prefetch=True))
+            budget -= node.num_blocks
+            self._counters.prefetch_issued_blocks += node.num_blocks
+            for child in node.children.values():
+                if child.on_host and not child.on_gpu and not child.loading:
+                    v = self.scores.next_step_value(child)
+                    if v > 0:
+                        heapq.heappush(heap, (-v, child.serial, child))
+        return loads
+
+    def _prefetch_frontier(self) -> set[Node]:
+        frontier: set[Node] = set()
+        for w in self.scores.active_workflows:
+            for node in self.scores.nodes_of(w):
+                parent = node.parent
+                parent_ready = parent is None or parent.is_root or parent.on_gpu
+                if node.on_host and not node.on_gpu and not node.loading and parent_ready:
+                    frontier.add(node)
+        return frontier
+
+    def _make_prefetch_room(self, need_blocks: int) -> bool:
+        short = need_blocks - self.tree.gpu.num_free
+        if short > 0:
+            self.tree.evict("gpu", short, retired_only=True)
+        return self.tree.can_allocate("gpu", need_blocks)
+
+    # -- lifecycle (from the KV-manager actor) ---------------------------------------
+
+    def on_workflow_started(self, workflow_id: str) -> None:
+        """Register an active workflow."""
+        self.scores.start(workflow_id)
+
+    def on_forecast(self, workflow_id: str, forecast: np.ndarray, agents: Sequence[str]) -> int:
+        """Refresh the scores of ``workflow_id``'s nodes from a ``(K, |V|+1)`` forecast.
+
+        Returns:
+            Nodes refreshed. A policy that does not use forecasts ignores them (0).
+        """
+        if not self.policy.uses_forecasts:
+            return 0
+        return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
+
+    def on_workflow_terminated(self, workflow_id: str) -> None:
+        """Retire the workflow: its private nodes become retired cache."""
+        self.scores.terminate(workflow_id)
+
+    # -- observation -----------------------------------------------------------------
+
+    def statistics(self) -> KVStatistics:
+        """Return a snapshot of the counters. Does not modify the manager."""
+        c, t = self._counters, self.tree.counters
+        bpb = self.config.bytes_per_block
+        return KVStatistics(
+            policy=self.policy.name,
+            requests=c.requests,
+            prompt_tokens=c.prompt_tokens,
+            cached_gpu_tokens=c.cached_gpu_tokens,
+            cached_host_tokens=c.cached_host_tokens,
+            computed_tokens=c.prompt_tokens - c.cached_gpu_tokens - c.cached_host_tokens,
+            evicted_retired_blocks=t.evicted_retired_blocks,
+            evicted_active_blocks=t.evicted_active_blocks,
+            demoted_blocks=t.demoted_blocks,
+            dropped_blocks=t.dropped_blocks,
+            h2d_bytes=t.h2d_blocks * bpb,
+            d2h_bytes=t.d2h_blocks * bpb,
+            prefetch_issued_blocks=c.prefetch_issued_blocks,
+            prefetch_used_blocks=c.prefetch_used_blocks,
+            prefetch_wasted_blocks=t.prefetch_wasted_blocks,
+            rejected_admissions=c.rejected_admissions,
+            score_refreshed_nodes=self.scores.refreshed_nodes,
+        )
+
+    def check_integrity(self) -> None:
+        """Assert the tree's invariants (§5.1)."""
+        self.tree.check_integrity()

@@ -1,0 +1,93 @@
+"""Radix-tree nodes: one run of cached blocks and what the policies know about it (§5.1)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Tier = Literal["gpu", "host"]
+
+
+class Node:
+    """A span of full blocks shared by every prompt that passes through it.
+
+    Attributes:
+        keys: block keys of the span (see :func:`pbkv.kvmanager.keys.block_keys`).
+        parent: the node above, ``None`` for a namespace root.
+        children: child nodes keyed by their first block key.
+        gpu_blocks / host_blocks: block ids of the copy in that tier, ``None`` when the
+            tier holds no copy. Residency is ``gpu``, ``host`` or ``gpu+host``.
+        lock_count: live leases (requests, transfers) at or below this node.
+        last_access_s: clock time of the last match or insert through this node.
+        accessors: ``A_w(c)``: for each *active* workflow that touched this node, the
+            agents of that workflow that did.
+        retired: every workflow that touched the node has terminated.
+        score: ``Score(c)`` of paper Eq. 2, kept current by the score board.
+        namespace: tenant / cache salt; nodes of different namespaces never meet.
+        loading: a host-to-GPU copy of this node is in flight.
+        prefetched: the GPU copy came from a prefetch and has not been used yet.
+    """
+
+    __slots__ = (
+        "keys",
+        "parent",
+        "children",
+        "gpu_blocks",
+        "host_blocks",
+        "lock_count",
+        "last_access_s",
+        "accessors",
+        "retired",
+        "score",
+        "namespace",
+        "loading",
+        "prefetched",
+        "serial",
+    )
+
+    def __init__(self, keys: list[int], parent: Node | None, namespace: str, serial: int) -> None:
+        self.keys = keys
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.gpu_blocks: list[int] | None = None
+        self.host_blocks: list[int] | None = None
+        self.lock_count = 0
+        self.last_access_s = 0.0
+        self.accessors: dict[str, set[str]] = {}
+        self.retired = False
+        self.score = 0.0
+        self.namespace = namespace
+        self.loading = False
+        self.prefetched = False
+        self.serial = serial
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.keys)
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu_blocks is not None
+
+    @property
+    def on_host(self) -> bool:
+        return self.host_blocks is not None
+
+    @property
+    def residency(self) -> str:
+        tiers = [t for t, on in (("gpu", self.on_gpu), ("host", self.on_host)) if on]
+        return "+".join(tiers) or "none"
+
+    def has_child_on(self, tier: Tier) -> bool:
+        if tier == "gpu":
+            return any(c.gpu_blocks is not None for c in self.children.values())
+        return any(c.host_blocks is not None for c in self.children.values())
+
+    def __repr__(self) -> str:
+        return (
+            f"Node(#{self.serial}, blocks={self.num_blocks}, {self.residency}, "
+            f"lock={self.lock_count}, score={self.score:.3g}, retired={self.retired})"
+        )

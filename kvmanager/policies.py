@@ -1,0 +1,75 @@
+"""Cache policies by name: eviction order and prefetch mode (§5.2).
+
+A policy is a small record that gives each node a priority (the smallest is evicted
+first, as SGLang's eviction strategies do) and says whether and how to prefetch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pbkv.kvmanager.eviction import Priority
+from pbkv.kvmanager.node import Node
+
+PrefetchMode = Literal["none", "conservative", "aggressive"]
+
+# Scores are sums of float products refreshed incrementally; rounding keeps nodes with
+# equal true scores tied (so LRU breaks the tie) despite last-bit drift.
+_SCORE_DIGITS = 12
+
+
+def lru_priority(node: Node) -> Priority:
+    """Least recently used first (SGLang/vLLM default)."""
+    return (node.last_access_s,)
+
+
+def lae_priority(node: Node) -> Priority:
+    """Retired cache first, then least recently used (PBKV-LAE)."""
+    return (not node.retired, node.last_access_s)
+
+
+def score_priority(node: Node) -> Priority:
+    """Retired first, then ascending ``Score(c)`` (paper Eq. 2), LRU as tie-break (PBKV-HE)."""
+    return (not node.retired, round(node.score, _SCORE_DIGITS), node.last_access_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A named cache policy.
+
+    Attributes:
+        name: registry name.
+        priority: eviction key; smallest first.
+        uses_forecasts: needs the predictor's K-step forecasts (Score).
+        prefetch: ``none``, ``conservative`` (§5.4) or ``aggressive``.
+    """
+
+    name: str
+    priority: Callable[[Node], Priority]
+    uses_forecasts: bool = False
+    prefetch: PrefetchMode = "none"
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("lru", lru_priority),
+        Policy("lae", lae_priority),
+        Policy("he", score_priority, uses_forecasts=True),
+        Policy("pbkv", score_priority, uses_forecasts=True, prefetch="conservative"),
+    )
+}
+
+
+def get_policy(name: str) -> Policy:
+    """Return the policy registered as ``name``.
+
+    Raises:
+        ValueError: unknown name; the message lists the known ones.
+    """
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None

@@ -1,0 +1,598 @@
+"""The radix tree over GPU and host tiers: matching, leases, insertion, eviction, loads (§5.1).
+
+The tree is the allocator of an owned-cache engine: every cached block of either tier
+belongs to exactly one node, and every other allocated block is *private* to a request
+or transfer. ``check_integrity()`` asserts the invariants of §5.1 with the numbers.
+
+Residency rules kept by construction:
+
+* GPU residency is prefix-closed: a node on the GPU has its parent on the GPU, so a
+  match is a run of GPU blocks followed by a run of host-only blocks, never a gap.
+* GPU eviction takes only nodes with no GPU child; it *demotes* to the host tier
+  (copying if the host holds no copy yet) when the host has room, else drops.
+* Host eviction takes only nodes with no host-resident child (the host-leaf rule).
+* A node with no copy in any tier is removed with its subtree, so a partly evicted
+  chain is never matched past the gap.
+* Leased nodes (requests, in-flight copies) are never evicted; a lease locks the path
+  from its node up to the root.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pbkv.kvmanager.blocks import BlockPool
+from pbkv.kvmanager.eviction import EvictionIndex, Priority
+from pbkv.kvmanager.node import Node, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    """The cached prefix of a key sequence.
+
+    Attributes:
+        node: the deepest matched node (the namespace root when nothing matched).
+        path: matched nodes from the root's child down to ``node``.
+        gpu_blocks: leading matched blocks with a GPU copy.
+        host_blocks: matched blocks after those, held only on the host.
+    """
+
+    node: Node
+    path: tuple[Node, ...]
+    gpu_blocks: int
+    host_blocks: int
+
+    @property
+    def host_nodes(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.path if not n.on_gpu)
+
+
+class Lease:
+    """A lock on the path from ``node`` to the root; release it exactly once."""
+
+    __slots__ = ("node", "released")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.released = False
+
+
+@dataclass(eq=False, slots=True)
+class LoadTransfer:
+    """An in-flight host-to-GPU copy of ``nodes`` (parent first) into ``gpu_blocks``."""
+
+    nodes: tuple[Node, ...]
+    gpu_blocks: tuple[list[int], ...]
+    lease: Lease
+    prefetch: bool
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(len(b) for b in self.gpu_blocks)
+
+
+@dataclass(slots=True)
+class TreeCounters:
+    """Cumulative block counts of what the tree did (read by the manager's statistics)."""
+
+    evicted_retired_blocks: int = 0
+    evicted_active_blocks: int = 0
+    demoted_blocks: int = 0
+    dropped_blocks: int = 0
+    host_evicted_blocks: int = 0
+    d2h_blocks: int = 0
+    h2d_blocks: int = 0
+    prefetch_wasted_blocks: int = 0
+
+
+@dataclass(slots=True)
+class TreeHooks:
+    """Callbacks the score board uses to keep its per-workflow node sets exact."""
+
+    on_split: Callable[[Node, Node], None] = lambda old, top: None
+    on_remove: Callable[[Node], None] = lambda node: None
+
+
+class RadixTree:
+    """Block-granular prefix tree of cached KV, over a GPU and a host tier.
+
+    Args:
+        block_size: tokens per block.
+        gpu_capacity_blocks: blocks in the GPU tier.
+        host_capacity_blocks: blocks in the host tier (0 = no host tier: GPU eviction
+            drops).
+        priority: the eviction policy's key (smallest evicted first), used for both tiers.
+        clock: returns the current time in seconds (``runtime.clock.now_s`` in the actor
+            shell; any monotonic function in tests).
+
+    Raises:
+        ValueError: non-positive block size or negative capacity.
+    """
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        gpu_capacity_blocks: int,
+        host_capacity_blocks: int,
+        priority: Callable[[Node], Priority],
+        clock: Callable[[], float],
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be > 0, got {block_size}")
+        self.block_size = block_size
+        self.gpu = BlockPool(gpu_capacity_blocks)
+        self.host = BlockPool(host_capacity_blocks)
+        self.clock = clock
+        self.counters = TreeCounters()
+        self.hooks = TreeHooks()
+        self._serial = itertools.count(1)
+        self._roots: dict[str, Node] = {}
+        self._private = {"gpu": 0, "host": 0}
+        self._cached = {"gpu": 0, "host": 0}
+        self._leases: set[Lease] = set()
+        self._loads: dict[int, LoadTransfer] = {}
+        self._index = {
+            "gpu": EvictionIndex(priority, self._gpu_candidate),
+            "host": EvictionIndex(priority, self._host_candidate),
+        }
+
+    # -- queries ---------------------------------------------------------------
+
+    def root(self, namespace: str = "") -> Node:
+        """Return the root of ``namespace``, creating it on first use."""
+        node = self._roots.get(namespace)
+        if node is None:
+            node = self._roots[namespace] = Node([], None, namespace, next(self._serial))
+        return node
+
+    def cached_blocks(self, tier: Tier) -> int:
+        return self._cached[tier]
+
+    def private_blocks(self, tier: Tier) -> int:
+        return self._private[tier]
+
+    def nodes(self) -> list[Node]:
+        """Return every non-root node (depth-first). Does not modify the tree."""
+        out: list[Node] = []
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            if not node.is_root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def load_of(self, node: Node) -> LoadTransfer | None:
+        """Return the in-flight load that will bring ``node`` to the GPU, if any."""
+        return self._loads.get(node.serial)
+
+    def match_prefix(self, keys: list[int], namespace: str = "") -> MatchResult:
+        """Find the longest cached prefix of ``keys``.
+
+        Mutates: splits a node whose span is only partly matched (no residency change).
+        """
+        node = self.root(namespace)
+        path: list[Node] = []
+        i = 0
+        while i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            common = _common_prefix(child.keys, keys, i)
+            if common < child.num_blocks:
+                child = self.split(child, common)
+            path.append(child)
+            node = child
+            i += common
+        gpu = sum(n.num_blocks for n in path if n.on_gpu)
+        return MatchResult(node, tuple(path), gpu, i - gpu)
+
+    # -- leases ----------------------------------------------------------------
+
+    def lock(self, node: Node) -> Lease:
+        """Lease the path from ``node`` to its root. Mutates lock counts."""
+        lease = Lease(node)
+        self._leases.add(lease)
+        walk: Node | None = node
+        while walk is not None:
+            walk.lock_count += 1
+            walk = walk.parent
+        return lease
+
+    def unlock(self, lease: Lease) -> None:
+        """Release a lease; nodes that become unleased return to the eviction order.
+
+        Raises:
+            ValueError: the lease was already released.
+        """
+        if lease.released:
+            raise ValueError("lease released twice")
+        lease.released = True
+        self._leases.discard(lease)
+        walk: Node | None = lease.node
+        while walk is not None:
+            walk.lock_count -= 1
+            if walk.lock_count == 0 and not walk.is_root:
+                self.reprioritize(walk)
+            walk = walk.parent
+
+    # -- private blocks ---------------------------------------------------------
+
+    def can_allocate(self, tier: Tier, n: int) -> bool:
+        return self._pool(tier).can_allocate(n)
+
+    def allocate_private(self, tier: Tier, n: int) -> list[int]:
+        """Take ``n`` free blocks for a request or transfer (not cached yet).
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free; evict first.
+        """
+        blocks = self._pool(tier).allocate(n)
+        self._private[tier] += n
+        return blocks
+
+    def free_private(self, tier: Tier, blocks: list[int]) -> None:
+        """Return private blocks to the free list. Mutates the pool."""
+        self._private[tier] -= len(blocks)
+        self._pool(tier).free(blocks)
+
+    # -- insertion ---------------------------------------------------------------
+
+    def insert(self, keys: list[int], gpu_blocks: list[int], namespace: str = "") -> MatchResult:
+        """Cache computed blocks under ``keys``; the tree takes ownership of ``gpu_blocks``.
+
+        ``gpu_blocks`` hold the *last* ``len(gpu_blocks)`` keys; the keys before them
+        must already be cached (a request's matched, leased prefix). Blocks already
+        cached on the GPU are duplicates and are freed; a host-only node on the path
+        adopts the new GPU copy (it becomes ``gpu+host``) when its parent is on the
+        GPU; the rest becomes a new leaf.
+
+        Args:
+            keys: block keys of the whole sequence.
+            gpu_blocks: private GPU blocks (see :meth:`allocate_private`) holding the
+                computed KV of ``keys[len(keys) - len(gpu_blocks):]``.
+
+        Returns:
+            The match of ``keys`` after insertion (``node`` is the deepest node).
+
+        Raises:
+            ValueError: more blocks than keys, or a key before the new blocks is not
+                cached.
+        """
+        skip = len(keys) - len(gpu_blocks)
+        if skip < 0:
+            raise ValueError(f"{len(keys)} keys for {len(gpu_blocks)} blocks")
+        now = self.clock()
+        node = self.root(namespace)
+        path: list[Node] = []
+        i = 0
+        while i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                if i < skip:
+                    raise ValueError(f"block {i} of the sequence is not cached; cannot skip it")
+                child = self._new_leaf(node, keys[i:], gpu_blocks[i - skip :])
+                i = len(keys)
+            else:
+                common = _common_prefix(child.keys, keys, i)
+                if i < skip < i + common:
+                    common = skip - i
+                if common < child.num_blocks:
+                    child = self.split(child, common)
+                if i >= skip:
+                    self._adopt_or_free(child, gpu_blocks[i - skip : i - skip + common])
+                i += common
+            child.last_access_s = now
+            self.reprioritize(child)
+            path.append(child)
+            node = child
+        gpu = sum(n.num_blocks for n in path if n.on_gpu)
+        return MatchResult(node, tuple(path), gpu, i - gpu)
+
+    def _adopt_or_free(self, node: Node, blocks: list[int]) -> None:
+        parent_on_gpu = node.parent is None or node.parent.is_root or node.parent.on_gpu
+        if node.on_gpu or node.loading or not parent_on_gpu:
+            self.free_private("gpu", blocks)
+            return
+        node.gpu_blocks = list(blocks)
+        self._private["gpu"] -= len(blocks)
+        self._cached["gpu"] += len(blocks)
+
+    def _new_leaf(self, parent: Node, keys: list[int], gpu_blocks: list[int]) -> Node:
+        leaf = Node(list(keys), parent, parent.namespace, next(self._serial))
+        leaf.gpu_blocks = list(gpu_blocks)
+        self._private["gpu"] -= len(gpu_blocks)
+        self._cached["gpu"] += len(gpu_blocks)
+        parent.children[keys[0]] = leaf
+        return leaf
+
+    def split(self, node: Node, at: int) -> Node:
+        """Split ``node`` after ``at`` blocks and return the new upper node.
+
+        The lower part keeps ``node``'s identity (and its leases); the upper part copies
+        its residency, locks, accessors, score and flags.
+
+        Mutates: the tree's shape only (no residency or count changes).
+        """
+        parent = node.parent
+        assert parent is not None and 0 < at < node.num_blocks
+        top = Node(node.keys[:at], parent, node.namespace, next(self._serial))
+        node.keys = node.keys[at:]
+        if node.gpu_blocks is not None:
+            top.gpu_blocks, node.gpu_blocks = node.gpu_blocks[:at], node.gpu_blocks[at:]
+        if node.host_blocks is not None:
+            top.host_blocks, node.host_blocks = node.host_blocks[:at], node.host_blocks[at:]
+        top.lock_count = node.lock_count
+        top.last_access_s = node.last_access_s
+        top.accessors = {w: set(agents) for w, agents in node.accessors.items()}
+        top.retired = node.retired
+        top.score = node.score
+        top.loading = node.loading
+        top.prefetched = node.prefetched
+        parent.children[top.keys[0]] = top
+        top.children[node.keys[0]] = node
+        node.parent = top
+        load = self._loads.get(node.serial)
+        if load is not None:
+            self._split_load(load, node, top, at)
+        self.hooks.on_split(node, top)
+        self.reprioritize(top)
+        return top
+
+    def _split_load(self, load: LoadTransfer, node: Node, top: Node, at: int) -> None:
+        i = load.nodes.index(node)
+        blocks = load.gpu_blocks[i]
+        load.nodes = load.nodes[:i] + (top, node) + load.nodes[i + 1 :]
+        load.gpu_blocks = load.gpu_blocks[:i] + (blocks[:at], blocks[at:]) + load.gpu_blocks[i + 1 :]
+        self._loads[top.serial] = load
+
+    # -- eviction ----------------------------------------------------------------
+
+    def evict(self, tier: Tier, num_blocks: int, *, retired_only: bool = False) -> int:
+        """Free at least ``num_blocks`` blocks of ``tier`` in the policy's order.
+
+        A node larger than the remaining need is split and only its tail evicted.
+
+        Args:
+            tier: ``gpu`` (demote or drop) or ``host`` (drop the host copy).
+            num_blocks: blocks wanted.
+            retired_only: stop at the first candidate that is not retired (for
+                conservative prefetch, which never displaces active cache).
+
+        Returns:
+            Blocks actually freed (less than asked when every other block is leased).
+
+        Mutates: the tree, both pools, the counters.
+        """
+        freed = 0
+        index = self._index[tier]
+        while freed < num_blocks:
+            node = index.pop_min()
+            if node is None:
+                break
+            if retired_only and not node.retired:
+                index.update(node)
+                break
+            need = num_blocks - freed
+            if node.num_blocks > need:
+                self.split(node, node.num_blocks - need)
+            freed += self._evict_gpu(node) if tier == "gpu" else self._evict_host(node)
+        return freed
+
+    def _evict_gpu(self, node: Node) -> int:
+        blocks = node.gpu_blocks
+        assert blocks is not None
+        n = len(blocks)
+        if node.retired:
+            self.counters.evicted_retired_blocks += n
+        else:
+            self.counters.evicted_active_blocks += n
+        if node.prefetched:
+            self.counters.prefetch_wasted_blocks += n
+            node.prefetched = False
+        if not node.on_host and self._make_host_room(n):
+            node.host_blocks = self.host.allocate(n)
+            self._cached["host"] += n
+            self.counters.d2h_blocks += n
+        if node.on_host:
+            self.counters.demoted_blocks += n
+            self._release(node, "gpu")
+            self._index["host"].update(node)
+        else:
+            self._drop(node)
+        return n
+
+    def _make_host_room(self, n: int) -> bool:
+        if self.host.capacity_blocks < n:
+            return False
+        short = n - self.host.num_free
+        if short > 0:
+            self.evict("host", short)
+        return self.host.can_allocate(n)
+
+    def _evict_host(self, node: Node) -> int:
+        n = node.num_blocks
+        self.counters.host_evicted_blocks += n
+        if node.on_gpu:
+            self._release(node, "host")
+            self._index["gpu"].update(node)
+        else:
+            self._drop(node)
+        return n
+
+    def _release(self, node: Node, tier: Tier) -> None:
+        blocks = node.gpu_blocks if tier == "gpu" else node.host_blocks
+        assert blocks is not None
+        self._pool(tier).free(blocks)
+        self._cached[tier] -= len(blocks)
+        if tier == "gpu":
+            node.gpu_blocks = None
+        else:
+            node.host_blocks = None
+        self._index[tier].remove(node)
+        if node.parent is not None and not node.parent.is_root:
+            self._index[tier].update(node.parent)
+
+    def _drop(self, node: Node) -> None:
+        """Remove ``node`` and its subtree from the tree, freeing every copy."""
+        parent = node.parent
+        assert parent is not None and node.lock_count == 0
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            for tier in ("gpu", "host"):
+                blocks = n.gpu_blocks if tier == "gpu" else n.host_blocks
+                if blocks is not None:
+                    self.counters.dropped_blocks += len(blocks)
+                    self._release(n, tier)
+            self._index["gpu"].remove(n)
+            self._index["host"].remove(n)
+            self.hooks.on_remove(n)
+        del parent.children[node.keys[0]]
+        if not parent.is_root:
+            self.reprioritize(parent)
+
+    # -- host-to-GPU loads ---------------------------------------------------------
+
+    def begin_load(self, nodes: list[Node], *, prefetch: bool = False) -> LoadTransfer:
+        """Start copying host-only ``nodes`` (a chain, parent first) to the GPU.
+
+        Allocates their GPU blocks (the caller evicts first) and leases the chain
+        until :meth:`complete_load`.
+
+        Raises:
+            ValueError: a node is on the GPU, not on the host, already loading, or the
+                chain does not hang below a GPU-resident (or loading) node.
+        """
+        for i, node in enumerate(nodes):
+            if node.on_gpu or not node.on_host or node.loading:
+                raise ValueError(f"cannot load {node}: needs a host-only node not in flight")
+            parent = node.parent
+            expected = nodes[i - 1] if i else None
+            if expected is not None and parent is not expected:
+                raise ValueError("load chain must be parent-first and contiguous")
+            if expected is None and not (parent is None or parent.is_root or parent.on_gpu or parent.loading):
+                raise ValueError(f"cannot load {node}: its parent is not on the GPU")
+        blocks = tuple(self.pool_allocate_gpu(n.num_blocks) for n in nodes)
+        load = LoadTransfer(tuple(nodes), blocks, self.lock(nodes[-1]), prefetch)
+        for node in nodes:
+            node.loading = True
+            self._loads[node.serial] = load
+        return load
+
+    def pool_allocate_gpu(self, n: int) -> list[int]:
+        return self.allocate_private("gpu", n)
+
+    def complete_load(self, load: LoadTransfer, *, ok: bool) -> None:
+        """Finish a load: on success the nodes become ``gpu+host``; on failure nothing
+        becomes resident and the destination blocks are freed.
+
+        Raises:
+            RuntimeError: loads completed out of issue order (the chain's parent is not
+                yet on the GPU).
+        """
+        first_parent = load.nodes[0].parent
+        if ok and first_parent is not None and not first_parent.is_root and not first_parent.on_gpu:
+            raise RuntimeError("loads must complete in issue order: parent not on the GPU yet")
+        for node, blocks in zip(load.nodes, load.gpu_blocks, strict=True):
+            node.loading = False
+            del self._loads[node.serial]
+            if ok:
+                node.gpu_blocks = blocks
+                self._private["gpu"] -= len(blocks)
+                self._cached["gpu"] += len(blocks)
+                node.prefetched = load.prefetch
+                self.counters.h2d_blocks += len(blocks)
+                self.reprioritize(node)
+            else:
+                self.free_private("gpu", blocks)
+        self.unlock(load.lease)
+
+    # -- priorities ----------------------------------------------------------------
+
+    def reprioritize(self, node: Node) -> None:
+        """Re-key ``node`` in the eviction order of each tier it is resident in."""
+        if node.on_gpu:
+            self._index["gpu"].update(node)
+        if node.on_host:
+            self._index["host"].update(node)
+
+    def _gpu_candidate(self, node: Node) -> bool:
+        return node.on_gpu and node.lock_count == 0 and not node.has_child_on("gpu")
+
+    def _host_candidate(self, node: Node) -> bool:
+        return node.on_host and node.lock_count == 0 and not node.has_child_on("host")
+
+    def _pool(self, tier: Tier) -> BlockPool:
+        return self.gpu if tier == "gpu" else self.host
+
+    # -- invariants ------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Assert the §5.1 invariants; raise ``AssertionError`` with the numbers if broken."""
+        nodes = self.nodes()
+        expected_locks: dict[int, int] = {}
+        for lease in self._leases:
+            walk: Node | None = lease.node
+            while walk is not None:
+                expected_locks[walk.serial] = expected_locks.get(walk.serial, 0) + 1
+                walk = walk.parent
+        for tier in ("gpu", "host"):
+            pool = self._pool(tier)  # type: ignore[arg-type]
+            owned = [b for n in nodes for b in (_blocks(n, tier) or [])]
+            if len(owned) != len(set(owned)):
+                raise AssertionError(f"{tier}: a block is owned by two nodes")
+            if len(owned) != self._cached[tier]:
+                raise AssertionError(f"{tier}: cached count {self._cached[tier]} != {len(owned)}")
+            total = pool.num_free + self._cached[tier] + self._private[tier]
+            if total != pool.capacity_blocks:
+                raise AssertionError(
+                    f"{tier}: free {pool.num_free} + cached {self._cached[tier]} + private "
+                    f"{self._private[tier]} = {total} != capacity {pool.capacity_blocks}"
+                )
+        for root in self._roots.values():
+            if root.lock_count != expected_locks.get(root.serial, 0):
+                raise AssertionError(f"root lock {root.lock_count} != live leases")
+        for n in nodes:
+            _check_node(n, expected_locks.get(n.serial, 0), self._loads)
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixTree(gpu {self._cached['gpu']}/{self.gpu.capacity_blocks} cached, "
+            f"host {self._cached['host']}/{self.host.capacity_blocks} cached)"
+        )
+
+
+def _blocks(node: Node, tier: str) -> list[int] | None:
+    return node.gpu_blocks if tier == "gpu" else node.host_blocks
+
+
+def _check_node(n: Node, expected_lock: int, loads: dict[int, LoadTransfer]) -> None:
+    parent = n.parent
+    assert parent is not None
+    if n.lock_count != expected_lock or n.lock_count < 0:
+        raise AssertionError(f"{n}: lock count {n.lock_count} != live leases {expected_lock}")
+    if not n.on_gpu and not n.on_host:
+        raise AssertionError(f"{n}: in the tree with no copy in any tier")
+    if n.on_gpu and not parent.is_root and not parent.on_gpu:
+        raise AssertionError(f"{n}: on the GPU below {parent}, which is not (a gap)")
+    if parent.children.get(n.keys[0]) is not n:
+        raise AssertionError(f"{n}: not filed under its first key in its parent")
+    for tier in ("gpu", "host"):
+        blocks = _blocks(n, tier)
+        if blocks is not None and len(blocks) != n.num_blocks:
+            raise AssertionError(f"{n}: {len(blocks)} {tier} blocks for {n.num_blocks} keys")
+    if n.loading != (n.serial in loads) or (n.loading and n.lock_count == 0):
+        raise AssertionError(f"{n}: in-flight load without a lease or record")
+
+
+def _common_prefix(span: list[int], keys: list[int], start: int) -> int:
+    limit = min(len(span), len(keys) - start)
+    i = 0
+    while i < limit and span[i] == keys[start + i]:
+        i += 1
+    return i

@@ -1,0 +1,105 @@
+"""Forecasters by registry name (§6): ``markov``, ``markov-1..3``, ``oracle``, ``uniform``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from pbkv.predictor.base import Forecaster
+from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.markov import MarkovForecaster
+from pbkv.predictor.oracle import OracleForecaster
+from pbkv.predictor.trace import TraceRecord
+from pbkv.predictor.uniform import UniformForecaster
+
+DEFAULT_MARKOV_ORDER = 1
+"""Order of plain ``markov``: first order is the call graph's transition matrix ``A``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForecasterInputs:
+    """What a registry factory may use; each factory takes only what it needs."""
+
+    agents: tuple[str, ...]
+    horizon: int
+    traces: tuple[TraceRecord, ...]
+    workflows: Mapping[str, Sequence[str]] | None
+    graph: CallGraph | None
+    smoothing: float
+
+
+def _markov(order: int) -> Callable[[ForecasterInputs], Forecaster]:
+    def build(inputs: ForecasterInputs) -> Forecaster:
+        model = MarkovForecaster(
+            inputs.agents,
+            order=order,
+            horizon=inputs.horizon,
+            smoothing=inputs.smoothing,
+            graph=inputs.graph,
+        )
+        return model.fit(inputs.traces)
+
+    return build
+
+
+def _oracle(inputs: ForecasterInputs) -> Forecaster:
+    if inputs.workflows is None:
+        raise ValueError("forecaster 'oracle' needs workflows=")
+    return OracleForecaster(inputs.agents, horizon=inputs.horizon, workflows=inputs.workflows)
+
+
+def _uniform(inputs: ForecasterInputs) -> Forecaster:
+    return UniformForecaster(inputs.agents, horizon=inputs.horizon)
+
+
+_FACTORIES: dict[str, Callable[[ForecasterInputs], Forecaster]] = {
+    "markov": _markov(DEFAULT_MARKOV_ORDER),
+    "markov-1": _markov(1),
+    "markov-2": _markov(2),
+    "markov-3": _markov(3),
+    "oracle": _oracle,
+    "uniform": _uniform,
+}
+
+
+def forecaster_names() -> tuple[str, ...]:
+    """Return the registered forecaster names, sorted."""
+    return tuple(sorted(_FACTORIES))
+
+
+def make_forecaster(
+    name: str,
+    *,
+    agents: Sequence[str],
+    horizon: int,
+    traces: Iterable[TraceRecord] = (),
+    workflows: Mapping[str, Sequence[str]] | None = None,
+    graph: CallGraph | None = None,
+    smoothing: float = 0.0,
+) -> Forecaster:
+    """Build the forecaster registered as ``name``.
+
+    Inputs a forecaster does not use are ignored, so callers may pass all of them.
+
+    Args:
+        name: one of :func:`forecaster_names`; ``markov`` is ``markov-1``.
+        agents: the agent vocabulary, in column order.
+        horizon: ``K``, steps forecast.
+        traces: training traces (``markov*`` fit on them; empty leaves them untrained).
+        workflows: ``workflow_id -> full agent path`` (required by ``oracle``).
+        graph: the app's call graph (``markov*`` smooth only over its edges).
+        smoothing: additive pseudo-count (``markov*``).
+
+    Returns:
+        A ready :class:`~pbkv.predictor.base.Forecaster`.
+
+    Raises:
+        ValueError: an unknown ``name`` (the message lists the known ones), a missing
+            input, or an input the forecaster rejects.
+    """
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        known = ", ".join(forecaster_names())
+        raise ValueError(f"unknown forecaster {name!r}; known forecasters: {known}")
+    inputs = ForecasterInputs(tuple(agents), horizon, tuple(traces), workflows, graph, smoothing)
+    return factory(inputs)

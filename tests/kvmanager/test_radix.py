@@ -1,0 +1,150 @@
+"""Radix tree: matching, splitting, leases, tiers and the §5.1 invariants."""
+
+import pytest
+
+from pbkv.kvmanager import RadixTree, block_keys
+from pbkv.kvmanager.policies import lru_priority
+
+
+def make_tree(clock, gpu=8, host=8):
+    return RadixTree(
+        block_size=1,
+        gpu_capacity_blocks=gpu,
+        host_capacity_blocks=host,
+        priority=lru_priority,
+        clock=clock,
+    )
+
+
+def put(tree, keys):
+    blocks = tree.allocate_private("gpu", len(keys))
+    return tree.insert(keys, blocks)
+
+
+def test_block_keys_chain_over_prefix():
+    a = block_keys([1, 2, 3, 4, 5], 2)
+    b = block_keys([1, 2, 3, 9, 5], 2)
+    assert len(a) == 2
+    assert a[0] == b[0] and a[1] != b[1]
+    assert block_keys([7, 8], 2) != block_keys([1, 2, 7, 8], 2)[1:]
+    with pytest.raises(ValueError):
+        block_keys([1], 0)
+
+
+def test_match_splits_and_counts_tiers(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2, 3, 4])
+    m = tree.match_prefix([1, 2, 9])
+    assert (m.gpu_blocks, m.host_blocks) == (2, 0)
+    assert [n.keys for n in m.path] == [[1, 2]]
+    assert [n.keys for n in tree.nodes()] in ([[1, 2], [3, 4]], [[3, 4], [1, 2]])
+    tree.check_integrity()
+
+
+def test_insert_frees_duplicates_and_adds_leaf(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2])
+    m = put(tree, [1, 2, 3])
+    assert m.gpu_blocks == 3
+    assert tree.cached_blocks("gpu") == 3
+    assert tree.gpu.num_free == 5
+    tree.check_integrity()
+
+
+def test_insert_skip_requires_cached_prefix(clock):
+    tree = make_tree(clock)
+    with pytest.raises(ValueError, match="not cached"):
+        tree.insert([1, 2, 3], tree.allocate_private("gpu", 1))
+
+
+def test_lease_blocks_eviction_and_counts(clock):
+    tree = make_tree(clock)
+    m = put(tree, [1, 2, 3])
+    lease = tree.lock(m.node)
+    assert tree.evict("gpu", 3) == 0
+    tree.check_integrity()
+    tree.unlock(lease)
+    with pytest.raises(ValueError):
+        tree.unlock(lease)
+    assert tree.evict("gpu", 3) == 3
+    tree.check_integrity()
+
+
+def test_gpu_eviction_demotes_to_host_and_match_sees_host(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2, 3, 4])
+    assert tree.evict("gpu", 2) == 2
+    m = tree.match_prefix([1, 2, 3, 4])
+    assert (m.gpu_blocks, m.host_blocks) == (2, 2)
+    assert tree.counters.demoted_blocks == 2 and tree.counters.d2h_blocks == 2
+    tree.check_integrity()
+
+
+def test_without_host_tier_eviction_drops(clock):
+    tree = make_tree(clock, host=0)
+    put(tree, [1, 2, 3, 4])
+    tree.evict("gpu", 4)
+    assert tree.nodes() == []
+    assert tree.counters.dropped_blocks == 4
+    tree.check_integrity()
+
+
+def test_dropping_a_parent_removes_host_children_no_gap(clock):
+    tree = make_tree(clock, gpu=8, host=2)
+    put(tree, [1, 2])
+    clock.advance()
+    put(tree, [1, 2, 3, 4])  # child [3,4]
+    tree.evict("gpu", 2)  # child demoted to host (host now full)
+    clock.advance()
+    put(tree, [7, 8])
+    tree.evict("gpu", 2)  # parent [1,2]: host full of its own child -> host evicts child, then demotes
+    m = tree.match_prefix([1, 2, 3, 4])
+    # the host copy of [3,4] was dropped to make room, so [1,2] is matched on the host only
+    assert (m.gpu_blocks, m.host_blocks) == (0, 2)
+    assert [n.keys for n in m.path] == [[1, 2]]
+    tree.check_integrity()
+
+
+def test_host_leaf_rule(clock):
+    tree = make_tree(clock, gpu=8, host=8)
+    put(tree, [1, 2, 3, 4])
+    tree.evict("gpu", 4)  # all on host: [1,2,3,4] one node
+    tree.match_prefix([1, 2])  # split: [1,2] -> [3,4]
+    assert tree.evict("host", 2) == 2
+    remaining = tree.nodes()
+    assert [n.keys for n in remaining] == [[1, 2]]
+    tree.check_integrity()
+
+
+def test_load_success_and_failure(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2, 3])
+    tree.evict("gpu", 3)
+    m = tree.match_prefix([1, 2, 3])
+    load = tree.begin_load(list(m.host_nodes))
+    assert all(n.loading for n in m.host_nodes)
+    assert tree.evict("host", 3) == 0  # leased during the copy
+    tree.check_integrity()
+    tree.complete_load(load, ok=False)
+    assert tree.match_prefix([1, 2, 3]).gpu_blocks == 0
+    tree.check_integrity()
+    load = tree.begin_load(list(tree.match_prefix([1, 2, 3]).host_nodes))
+    tree.complete_load(load, ok=True)
+    assert tree.match_prefix([1, 2, 3]).gpu_blocks == 3
+    tree.check_integrity()
+
+
+def test_namespaces_never_share(clock):
+    tree = make_tree(clock)
+    blocks = tree.allocate_private("gpu", 2)
+    tree.insert([1, 2], blocks, namespace="a")
+    assert tree.match_prefix([1, 2], namespace="b").gpu_blocks == 0
+    assert tree.match_prefix([1, 2], namespace="a").gpu_blocks == 2
+
+
+def test_integrity_reports_numbers(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2])
+    tree._private["gpu"] += 1
+    with pytest.raises(AssertionError, match="capacity 8"):
+        tree.check_integrity()
