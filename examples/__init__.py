@@ -1,1 +1,56 @@
-from pbkv.examples import codegen  # noqa: F401
+"""Bundled multi-agent apps (§8) and the tokenizer their token ids come from.
+
+``get_app(name)`` builds a registered app; ``app.generate(n_workflows, seed)`` returns
+workflows with real SmolLM2 token ids. Apps: ``codegen`` (Planner → Coder → Tester with
+an Analyzer retry loop) and ``taubench`` (replay of the τ-bench airline trajectories).
+"""
+
+from pbkv.examples.apps import App, app_names, get_app, register_app, validate_path
+from pbkv.examples.codegen import (
+    MAX_RETRIES,
+    CodegenApp,
+    CodegenTask,
+    failure_probability,
+    sample_path,
+    sample_task,
+)
+from pbkv.examples.data import DATA_DIR_ENV, find_data_dir
+from pbkv.examples.taubench import TOOL_LATENCY_S, Episode, TauBenchApp, load_episodes
+from pbkv.examples.tokenizer import (
+    TokenizerUnavailable,
+    cache_dir,
+    decode,
+    encode,
+    encode_batch,
+    load_tokenizer,
+    smollm2_gguf_path,
+    vocab_size,
+)
+
+__all__ = [
+    "DATA_DIR_ENV",
+    "MAX_RETRIES",
+    "TOOL_LATENCY_S",
+    "App",
+    "CodegenApp",
+    "CodegenTask",
+    "Episode",
+    "TauBenchApp",
+    "TokenizerUnavailable",
+    "app_names",
+    "cache_dir",
+    "decode",
+    "encode",
+    "encode_batch",
+    "failure_probability",
+    "find_data_dir",
+    "get_app",
+    "load_episodes",
+    "load_tokenizer",
+    "register_app",
+    "sample_path",
+    "sample_task",
+    "smollm2_gguf_path",
+    "validate_path",
+    "vocab_size",
+]

@@ -75,7 +75,7 @@ def get_app(name: str) -> App:
     return factory()
 
 
-def check_path(app: App, path: Sequence[str]) -> None:
+def validate_path(app: App, path: Sequence[str]) -> None:
     """Check that a finished workflow's agent path is a walk of ``app``'s call graph.
 
     The path must start at an entry agent, take only edges, and end with an edge to
@@ -89,9 +89,9 @@ def check_path(app: App, path: Sequence[str]) -> None:
     if path[0] not in app.entry_agents:
         raise ValueError(f"path starts at {path[0]!r}, not an entry agent {app.entry_agents}")
     edges = set(app.edges)
-    for i, transition in enumerate(zip(path, (*path[1:], END), strict=True)):
-        if transition not in edges:
-            raise ValueError(f"step {i}: transition {transition[0]!r} -> {transition[1]!r} is not an edge")
+    for i, (source, target) in enumerate(zip(path, (*path[1:], END), strict=True)):
+        if (source, target) not in edges:
+            raise ValueError(f"step {i}: transition {source!r} -> {target!r} is not an edge")
 
 
 def check_count(n_workflows: int) -> None:

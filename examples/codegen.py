@@ -24,10 +24,11 @@ lines), deterministic per ``(seed, workflow, step)``.
 from __future__ import annotations
 
 import functools
+import random
+import string
 from dataclasses import dataclass
 
 import numpy as np
-
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.examples import codegen_prompts as text
 from pbkv.examples.apps import check_count, register_app
@@ -52,7 +53,6 @@ GAP_BEFORE_S = {  # tool/think time before each agent's invocation: (low, high)
     "analyzer": (1.0, 5.0),  # the test run that failed
 }
 TEST_LOG_TOKENS = (60, 200)
-_CHARS_PER_TOKEN = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,7 @@ def sample_task(rng: np.random.Generator, task_id: str) -> CodegenTask:
         lines.append(str(rng.choice(text.CUES[rng.integers(len(text.CUES))])))
     n_requirements = 1 + int(3 * difficulty + rng.random())
     lines += [str(r) for r in rng.choice(text.REQUIREMENTS, n_requirements, replace=False)]
+    lines = list(dict.fromkeys(lines))  # no cue twice
     rng.shuffle(lines)
     body = "\n".join(f"- {line}" for line in lines)
     task_text = f"Write {summary} in {language}.\nRequirements:\n{body}"
@@ -218,7 +219,7 @@ def _output(agent: str, task: CodegenTask, rng: np.random.Generator) -> tuple[in
         header = f"Editing the {task.language} sources for the {task.domain} task.\n```\n"
     else:
         header = ""
-    body = _filler(header, text.OUTPUT_LINES[agent], n_tokens - len(_im_end()), rng)
+    body = _filler(header, text.OUTPUT_BLOCKS[agent], n_tokens - len(_im_end()), rng)
     return body + _im_end()
 
 
@@ -232,29 +233,47 @@ def _test_log(rng: np.random.Generator) -> tuple[int, ...]:
 def _filler(
     header: str, lines: tuple[str, ...], n_tokens: int, rng: np.random.Generator
 ) -> tuple[int, ...]:
-    """Tokenize ``header`` and random filled-in ``lines``, cut to exactly ``n_tokens`` ids."""
-    parts = [header]
-    n_chars = len(header)
-    while n_chars < n_tokens * _CHARS_PER_TOKEN:
-        line = _fill(str(lines[rng.integers(len(lines))]), rng)
-        parts.append(line)
-        n_chars += len(line) + 1
-    ids = encode("\n".join(parts))
-    while len(ids) < n_tokens:  # dense text: pad with more lines (rare)
-        ids += encode("\n" + _fill(str(lines[rng.integers(len(lines))]), rng))
-    return ids[:n_tokens]
+    """Return ``header`` then random filled-in ``lines`` as exactly ``n_tokens`` ids.
+
+    Template pieces and slot values are tokenized once and concatenated, so an output
+    costs no tokenizer call; the ids are real and decode to the filled-in text.
+    """
+    draw = random.Random(int(rng.integers(2**63)))
+    ids = list(_encode_cached(header))
+    while len(ids) < n_tokens:
+        ids += _fill(draw.choice(lines), draw)
+    return tuple(ids[:n_tokens])
 
 
-def _fill(template: str, rng: np.random.Generator) -> str:
-    name = str(rng.choice(text.IDENTIFIERS))
-    return template.format(
-        name=name,
-        Name="".join(part.capitalize() for part in name.split("_")),
-        module=f"src/{name}_{rng.integers(100)}.py",
-        topic=str(rng.choice(text.TOPICS)),
-        n=int(rng.integers(1, 64)),
-        m=int(rng.integers(64, 512)),
-    )
+def _fill(template: str, draw: random.Random) -> list[int]:
+    """Return the ids of ``template`` with its slots filled in, newline included."""
+    name = draw.choice(text.IDENTIFIERS)
+    values = {
+        "name": name,
+        "Name": name.title().replace("_", ""),
+        "module": f"src/{name}_{draw.randrange(100)}.py",
+        "topic": draw.choice(text.TOPICS),
+        "n": str(draw.randrange(1, 64)),
+        "m": str(draw.randrange(64, 512)),
+    }
+    ids: list[int] = []
+    for literal, slot in _template_pieces(template):
+        ids += literal
+        if slot:
+            ids += _encode_cached(values[slot])
+    return ids
+
+
+@functools.cache
+def _template_pieces(template: str) -> tuple[tuple[tuple[int, ...], str | None], ...]:
+    """Split ``template`` (plus a newline) into (literal ids, following slot name) pairs."""
+    parsed = string.Formatter().parse(template + "\n")
+    return tuple((_encode_cached(literal), slot) for literal, slot, _, _ in parsed)
+
+
+@functools.cache
+def _encode_cached(piece: str) -> tuple[int, ...]:
+    return encode(piece)
 
 
 register_app(CodegenApp.name, CodegenApp)

@@ -127,7 +127,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "does not apply cleanly.",
         (("diff", "string", "a unified diff with paths relative to the workspace root"),),
         "the list of files changed, or the first hunk that failed with its reason",
-        '{"tool": "apply_patch", "args": {"diff": "--- a/src/cache.py\\n+++ b/src/cache.py\\n..."}}',
+        '{"tool": "apply_patch", "args": {"diff": "--- a/src/cache.py\\n+++ b/src/cache.py'
+        '\\n..."}}',
     ),
     ToolSpec(
         "list_dir",
@@ -399,48 +400,56 @@ REQUIREMENTS: tuple[str, ...] = (
     "Keep memory use proportional to the input size.",
 )
 
-OUTPUT_LINES: dict[str, tuple[str, ...]] = {
+OUTPUT_BLOCKS: dict[str, tuple[str, ...]] = {
+    # Each block is filled in with one identifier; outputs are random sequences of blocks.
     "planner": (
         "{n}. Implement `{name}` in `{module}`; it validates its arguments first.",
         "{n}. Add a private helper `_{name}` that isolates the {topic} logic.",
         "- Requirement: `{name}` returns an empty result for empty input.",
         "- Requirement: invalid {topic} raises an error that names the argument.",
         "- Design: keep a dictionary from key to node plus a doubly linked list for {topic}.",
-        "- Design: the complexity of `{name}` is O(n log n) time and O(n) memory.",
+        "- Design: `{name}` takes O(n log n) time and O(n) memory.",
         "- ASSUMPTION: inputs larger than {n}000 items are out of scope.",
         "- Test plan: boundary values 0, 1 and {n} for `{name}`.",
         "- Test plan: a property check that `{name}` preserves the {topic} invariant.",
         "{n}. Wire `{name}` into `{module}` and export it.",
     ),
     "coder": (
-        "def {name}(items, limit={n}):",
-        '    """Return the {topic} of items, at most limit of them."""',
-        "    if limit < 0:",
-        '        raise ValueError(f"limit must be >= 0, got {{limit}}")',
-        "    result = []",
-        "    for index, item in enumerate(items):",
-        "        if index >= limit:",
-        "            break",
-        "        result.append(_{name}(item))",
-        "    return result",
-        "class {Name}:",
-        "    def __init__(self, capacity={n}):",
-        "        self._lock = threading.Lock()",
-        "        self._entries = OrderedDict()",
-        "    with self._lock:",
-        "        self._entries.move_to_end(key)",
+        "def {name}(items, limit={n}):\n"
+        '    """Return the {topic} of items, at most limit of them."""\n'
+        "    if limit < 0:\n"
+        '        raise ValueError(f"limit must be >= 0, got {{limit}}")\n'
+        "    result = []\n"
+        "    for index, item in enumerate(items):\n"
+        "        if index >= limit:\n"
+        "            break\n"
+        "        result.append(_{name}(item))\n"
+        "    return result\n",
+        "class {Name}:\n"
+        '    """Keep at most capacity entries, evicting by {topic}."""\n\n'
+        "    def __init__(self, capacity={m}):\n"
+        "        self._capacity = capacity\n"
+        "        self._lock = threading.Lock()\n"
+        "        self._entries = OrderedDict()\n\n"
+        "    def get(self, key):\n"
+        "        with self._lock:\n"
+        "            self._entries.move_to_end(key)\n"
+        "            return self._entries[key]\n",
+        "def _{name}(item):\n"
+        "    if item is None:\n"
+        '        raise TypeError("item must not be None")\n'
+        "    return item.strip().lower()\n",
         "Files changed: `{module}` (adds `{name}` for the {topic} step).",
         "Assumptions: none",
     ),
     "tester": (
-        "def test_{name}_empty_input():",
-        "    assert {name}([]) == []",
-        "def test_{name}_respects_limit_{n}():",
-        "    assert len({name}(range(100), limit={n})) == min(100, {n})",
-        "@pytest.mark.parametrize('value', [0, 1, {n}, 2**31 - 1])",
-        "def test_{name}_boundaries(value):",
-        "    with pytest.raises(ValueError):",
-        "        {name}([value], limit=-1)",
+        "def test_{name}_empty_input():\n    assert {name}([]) == []\n",
+        "def test_{name}_respects_limit_{n}():\n"
+        "    assert len({name}(range({m}), limit={n})) == {n}\n",
+        "@pytest.mark.parametrize('value', [0, 1, {n}, 2**31 - 1])\n"
+        "def test_{name}_boundaries(value):\n"
+        "    with pytest.raises(ValueError):\n"
+        "        {name}([value], limit=-1)\n",
         "- Coverage: `{name}` requirement {n} ({topic}).",
     ),
     "analyzer": (

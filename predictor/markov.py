@@ -66,6 +66,7 @@ class MarkovForecaster:
         self._mask = _successor_mask(self.agents, graph)
         self._counts: dict[Context, np.ndarray] = {}
         self._cache: dict[Context, np.ndarray] = {}
+        self._rolls: dict[Context, np.ndarray] = {}
 
     def fit(self, records: Iterable[TraceRecord]) -> MarkovForecaster:
         """Forget all counts, then count every transition of ``records``.
@@ -95,6 +96,7 @@ class MarkovForecaster:
                 self._observe(counts, tuple(columns[max(0, t - self.order) : t]), nxt)
         self._counts = counts
         self._cache.clear()
+        self._rolls.clear()
         return self
 
     def update(self, path: Sequence[str], next_agent: str) -> None:
@@ -114,6 +116,7 @@ class MarkovForecaster:
         nxt = check_agent(self._index, next_agent, allow_end=True)
         self._observe(self._counts, self._context(path), nxt)
         self._cache.clear()
+        self._rolls.clear()
 
     def conditional(self, path: Sequence[str]) -> np.ndarray:
         """Return the distribution of the step right after ``path``.
@@ -149,7 +152,11 @@ class MarkovForecaster:
         out = np.empty((len(states), self.horizon, len(self.agents) + 1))
         for b, state in enumerate(states):
             check_path(self._index, state.path)
-            out[b] = self._roll(self._context(state.path))
+            context = self._context(state.path)
+            rolled = self._rolls.get(context)
+            if rolled is None:
+                rolled = self._rolls[context] = self._roll(context)
+            out[b] = rolled
         return out
 
     def _context(self, path: Sequence[str]) -> Context:

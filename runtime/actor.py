@@ -67,11 +67,6 @@ class Actor:
         """Return a reference for sending messages to this actor."""
         return ActorRef(self)
 
-    @property
-    def counters(self) -> ActorCounters:
-        """Return the live counters (updated by the loop and the supervisor); do not modify."""
-        return self._counters
-
     def statistics(self) -> ActorStatistics:
         """Return a snapshot of this actor's statistics."""
         c, box = self._counters, self._mailbox

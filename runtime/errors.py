@@ -75,7 +75,3 @@ class UnknownActor(ActorError, LookupError):
         self.known = tuple(known)
         listing = ", ".join(repr(k) for k in self.known) or "none"
         super().__init__(f"unknown actor {name!r}; known actors: {listing}")
-
-    def __str__(self) -> str:
-        # LookupError's KeyError-like subclasses quote the message; keep it readable.
-        return str(self.args[0])

@@ -188,16 +188,18 @@ class ActorSystem:
         )
 
     async def _supervise(self, entry: _Entry, *, task_status: TaskStatus) -> None:
+        """Run one actor under its supervisor until it stops, fails for good or is cancelled."""
         entry.task = trio.lowlevel.current_task()
         readiness = _Readiness(task_status)
         try:
             await self._run_supervised(entry, readiness)
         finally:
-            if entry.actor.counters.state is ActorState.RUNNING:
-                entry.actor.counters.state = ActorState.CANCELLED
+            if entry.actor._counters.state is ActorState.RUNNING:
+                entry.actor._counters.state = ActorState.CANCELLED
             entry.done.set()
 
     async def _run_supervised(self, entry: _Entry, readiness: _Readiness) -> None:
+        """Run the actor, applying its strategy to every exception that escapes it."""
         actor = entry.actor
         error: Exception | None = None
         while True:
@@ -208,54 +210,57 @@ class ActorSystem:
                 return
             except Exception as exc:
                 error = exc
-                actor.counters.failures += 1
+                actor._counters.failures += 1
             if entry.strategy is Strategy.ESCALATE:
                 self._give_up(entry, error, "strategy escalate", readiness)
                 return
             if entry.strategy is Strategy.STOP:
-                await self._stop_failed(entry, error)
-                readiness.started()
+                await self._stop_failed(entry, error, readiness)
                 return
             if not entry.budget.try_consume(clock.now_s()):
                 self._give_up(entry, error, f"over budget of {entry.budget.describe()}", readiness)
                 return
-            actor.counters.restarts += 1
+            actor._counters.restarts += 1
             logger.warning(
-                "actor %s failed; restarting (%d of %s)",
+                "actor %s failed; restart %d of %s",
                 actor.name,
                 entry.budget.in_window(clock.now_s()),
                 entry.budget.describe(),
                 exc_info=error,
             )
 
-    async def _stop_failed(self, entry: _Entry, error: Exception) -> None:
+    async def _stop_failed(self, entry: _Entry, error: Exception, readiness: _Readiness) -> None:
+        """Stop a failed actor: discard its mailbox, record the failure, run ``on_stop``."""
         actor = entry.actor
         logger.error("actor %s failed; stopping it", actor.name, exc_info=error)
-        actor.counters.state = ActorState.FAILED
+        actor._counters.state = ActorState.FAILED
         actor._reject_pending()
         self._failures.append(ActorFailed(actor.name, error, "strategy stop"))
         try:
             await actor.on_stop()
         except Exception as stop_error:
-            actor.counters.failures += 1
-            self._give_up(entry, stop_error, "on_stop failed after stop", _Readiness(None))
+            actor._counters.failures += 1
+            self._give_up(entry, stop_error, "on_stop raised after a stop", readiness)
+            return
+        readiness.started()
 
-    def _give_up(
-        self, entry: _Entry, error: Exception, reason: str, readiness: _Readiness | None
-    ) -> None:
-        """Record the failure and raise it: to the spawner if not ready, else via the system."""
+    def _give_up(self, entry: _Entry, error: Exception, reason: str, readiness: _Readiness) -> None:
+        """Fail the actor for good and raise ``ActorFailed``.
+
+        Before the actor is ready the error is raised to the spawner; afterwards the system's
+        nursery is cancelled and ``open_actor_system`` raises it on exit.
+        """
         actor = entry.actor
         failure = ActorFailed(actor.name, error, reason)
         self._failures.append(failure)
-        if readiness is not None and not readiness.is_started:
-            actor.counters.state = ActorState.FAILED
-            actor._reject_pending()
-            raise failure
-        if self._fatal is None:
-            self._fatal = failure
-        self._nursery.cancel_scope.cancel()
-        actor.counters.state = ActorState.FAILED
+        if readiness.is_started:
+            self._fatal = self._fatal or failure
+            # Cancel before closing the mailbox: blocked senders see Cancelled, not ActorStopped.
+            self._nursery.cancel_scope.cancel()
+        actor._counters.state = ActorState.FAILED
         actor._reject_pending()
+        if not readiness.is_started:
+            raise failure from error
 
     def _raise_if_failed(self) -> None:
         if self._fatal is not None:

@@ -208,3 +208,13 @@ def test_failed_fit_leaves_the_model_unchanged(make_record):
         model.fit([make_record("A", "B", "B")])
 
     np.testing.assert_array_equal(model.conditional(["A"]), [0, 1, 0])
+
+
+def test_update_refreshes_cached_forecasts():
+    model = MarkovForecaster(["A", "B"], horizon=1)
+    model.update(["A"], "B")
+    np.testing.assert_array_equal(_forecast(model, "A"), [[0, 1, 0]])
+
+    model.update(["A"], END)
+
+    np.testing.assert_array_equal(_forecast(model, "A"), [[0, 0.5, 0.5]])

@@ -1,0 +1,110 @@
+"""Lifecycle events and commands exchanged by pbkv's actors (§4).
+
+Frozen, tagged msgspec Structs: passed as objects in-process, encoded by
+:class:`pbkv.runtime.EventRecorder` for ``--record events.jsonl`` and replay. New fields
+are added at the end with defaults (schema evolution).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+TerminationReason = Literal["end", "aborted", "error", "recursion_limit"]
+
+
+class Event(msgspec.Struct, frozen=True, tag=True):
+    """Base of the lifecycle events; ``at_s`` is the emitter's clock time."""
+
+
+class WorkflowStarted(Event, frozen=True, tag=True):
+    workflow_id: str
+    app: str
+    task_id: str
+    tenant: str = ""
+    at_s: float = 0.0
+    task_text: str = ""
+
+
+class AgentInvoked(Event, frozen=True, tag=True):
+    """``prompt_segments``: token count of each prompt segment (preamble, role, context)."""
+
+    workflow_id: str
+    step: int
+    agent: str
+    prompt_segments: list[int]
+    at_s: float = 0.0
+
+
+class PrefillDone(Event, frozen=True, tag=True):
+    """``hidden``: post-norm hidden state of the last prefill token, or ``None``."""
+
+    workflow_id: str
+    step: int
+    cached_gpu_tokens: int
+    cached_host_tokens: int
+    computed_tokens: int
+    hidden: list[float] | None = None
+    at_s: float = 0.0
+
+
+class AgentFinished(Event, frozen=True, tag=True):
+    workflow_id: str
+    step: int
+    agent: str
+    output_tokens: int
+    latency_s: float
+    at_s: float = 0.0
+    ttft_s: float = 0.0
+
+
+class WorkflowTerminated(Event, frozen=True, tag=True):
+    workflow_id: str
+    reason: TerminationReason
+    at_s: float = 0.0
+
+
+LifecycleEvent = WorkflowStarted | AgentInvoked | PrefillDone | AgentFinished | WorkflowTerminated
+
+
+class StartWorkflow(msgspec.Struct, frozen=True, tag=True):
+    """Command to a WorkflowActor: begin the first step."""
+
+
+class Invoke(msgspec.Struct, frozen=True, tag=True):
+    """Command to an AgentActor: run one invocation and report to ``reply_to``.
+
+    ``reply_to`` is the workflow actor's ref (in-process only; not encoded).
+    """
+
+    workflow_id: str
+    step: int
+    agent: str
+    segments: list[tuple[int, ...]]
+    output_token_ids: tuple[int, ...]
+    tenant: str = ""
+    reply_to: Any = None
+
+
+class InvocationDone(msgspec.Struct, frozen=True, tag=True):
+    """Reply to a WorkflowActor: the invocation's engine result (or its error)."""
+
+    step: int
+    result: Any = None
+    error: str | None = None
+
+
+class ForecastRequest(msgspec.Struct, frozen=True, tag=True):
+    """Ask the PredictorActor for one workflow's K-step forecast.
+
+    ``reply`` is a one-shot trio send channel that receives a ``(K, |V|+1)`` array, or
+    ``None`` when every predictor in the fallback chain failed.
+    """
+
+    workflow_id: str
+    app: str
+    path: tuple[str, ...]
+    task_text: str = ""
+    hidden: Any = None
+    reply: Any = None

@@ -1,0 +1,118 @@
+"""KVManagerActor: turns lifecycle events into score updates (§4, §5.3).
+
+It tracks each workflow's executed path, asks the PredictorActor for a K-step
+forecast on every invocation (and again when a prefill brings a hidden state), and
+applies forecasts to the KV manager's scores. Forecast requests run as background
+tasks so many are in flight at once (the predictor batches them); a forecast older
+than the workflow's latest step, or for a terminated workflow, is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import trio
+
+from pbkv.actors.events import (
+    AgentFinished,
+    AgentInvoked,
+    ForecastRequest,
+    PrefillDone,
+    WorkflowStarted,
+    WorkflowTerminated,
+)
+from pbkv.kvmanager import KVManager
+from pbkv.runtime import Actor, ActorRef, EventRecorder, TaskStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _WorkflowView:
+    app: str
+    task_text: str
+    path: list[str] = field(default_factory=list)
+    step: int = -1
+
+
+class KVManagerActor(Actor):
+    """Actor shell around a :class:`KVManager`.
+
+    Args:
+        kv: the synchronous core (shared with the engine's scheduler).
+        predictor: the PredictorActor's ref, or ``None`` for policies without forecasts.
+        agents: the forecast columns (the predictor's agent vocabulary).
+        recorder: if given, every lifecycle event is appended to its JSONL file.
+    """
+
+    def __init__(
+        self,
+        kv: KVManager,
+        predictor: ActorRef | None,
+        agents: tuple[str, ...] = (),
+        *,
+        recorder: EventRecorder | None = None,
+        mailbox_capacity: int = 1024,
+    ) -> None:
+        super().__init__(mailbox_capacity=mailbox_capacity)
+        self.kv = kv
+        self.recorder = recorder
+        self.predictor = predictor if kv.policy.uses_forecasts else None
+        self.agents = agents
+        self._workflows: dict[str, _WorkflowView] = {}
+        self._nursery: trio.Nursery | None = None
+        self.forecasts_applied = 0
+        self.forecasts_stale = 0
+
+    async def run(self, *, task_status: TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await super().run(task_status=task_status)
+            nursery.cancel_scope.cancel()
+
+    async def handle(self, msg: object) -> None:
+        if self.recorder is not None:
+            self.recorder.record(msg)  # type: ignore[arg-type]
+        match msg:
+            case WorkflowStarted(workflow_id=w, app=app, task_text=text):
+                self._workflows[w] = _WorkflowView(app, text)
+                self.kv.on_workflow_started(w)
+            case AgentInvoked(workflow_id=w, step=step, agent=agent):
+                view = self._workflows[w]
+                view.path.append(agent)
+                view.step = step
+                self._request_forecast(w, view, None)
+            case PrefillDone(workflow_id=w, hidden=hidden) if hidden is not None:
+                view = self._workflows.get(w)
+                if view is not None:
+                    self._request_forecast(w, view, np.asarray(hidden, dtype=np.float32))
+            case PrefillDone() | AgentFinished():
+                pass
+            case WorkflowTerminated(workflow_id=w):
+                self._workflows.pop(w, None)
+                self.kv.on_workflow_terminated(w)
+            case _:
+                raise TypeError(f"KVManagerActor cannot handle {type(msg).__name__}")
+
+    def _request_forecast(self, w: str, view: _WorkflowView, hidden: np.ndarray | None) -> None:
+        if self.predictor is None or self._nursery is None:
+            return
+        request_step = view.step
+        send, receive = trio.open_memory_channel[np.ndarray | None](1)
+        request = ForecastRequest(w, view.app, tuple(view.path), view.task_text, hidden, send)
+        self._nursery.start_soon(self._await_forecast, w, request_step, request, receive)
+
+    async def _await_forecast(
+        self, w: str, step: int, request: ForecastRequest, receive: trio.MemoryReceiveChannel
+    ) -> None:
+        assert self.predictor is not None
+        await self.predictor.tell(request)
+        forecast = await receive.receive()
+        view = self._workflows.get(w)
+        if forecast is None or view is None or view.step != step:
+            self.forecasts_stale += 1
+            return
+        self.kv.on_forecast(w, forecast, self.agents)
+        self.forecasts_applied += 1

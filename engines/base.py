@@ -1,0 +1,97 @@
+"""The engine protocol: generate a request, report cache hits and timings (§7).
+
+Two control styles share it: *owned cache* engines (``sim``, ``torch``) use the KV
+manager's radix tree as their allocator; *engine-owned cache* engines (``trtllm``)
+decide themselves and are steered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One generation request.
+
+    Args:
+        request_id: unique per engine.
+        workflow_id / agent: who asks (for the KV manager's access indicators).
+        prompt_token_ids: the prompt, shape ``(prompt_tokens,)``.
+        segment_lengths: token counts of the prompt's segments (preamble, role,
+            context), summing to the prompt length.
+        max_new_tokens: decode budget.
+        scripted_output_token_ids: for replaying engines (``sim``), the tokens to emit;
+            real engines ignore it and sample.
+        namespace: tenant / cache salt.
+    """
+
+    request_id: str
+    workflow_id: str | None
+    agent: str
+    prompt_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    segment_lengths: tuple[int, ...] = ()
+    scripted_output_token_ids: tuple[int, ...] = ()
+    namespace: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateResult:
+    """What one request produced and what it cost.
+
+    Attributes:
+        output_token_ids: generated tokens.
+        prompt_tokens: prompt length.
+        cached_gpu_tokens / cached_host_tokens: prompt tokens served from each tier.
+        computed_tokens: prompt tokens prefilled.
+        queue_s: submit to admission; ttft_s: submit to first token; e2e_s: submit to
+            last token (engine clock seconds).
+        hidden: post-norm hidden state of the last prefill token, shape ``(d_model,)``,
+            or ``None``.
+    """
+
+    request_id: str
+    output_token_ids: tuple[int, ...]
+    prompt_tokens: int
+    cached_gpu_tokens: int
+    cached_host_tokens: int
+    computed_tokens: int
+    queue_s: float
+    ttft_s: float
+    e2e_s: float
+    hidden: np.ndarray | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine pbkv can drive.
+
+    Attributes:
+        owns_cache: the KV manager's radix tree is the engine's allocator.
+        has_host_tier: evicted KV can be kept in host memory and reloaded.
+        has_hidden_state: results carry the last-prefill hidden state.
+    """
+
+    owns_cache: bool
+    has_host_tier: bool
+    has_hidden_state: bool
+
+    async def run(self, *, task_status: Any = ...) -> None:
+        """Run the engine's scheduler until cancelled; report ready via ``task_status``."""
+        ...
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Serve one request; raises ``EngineError`` if it fails."""
+        ...
+
+    def statistics(self) -> Any:
+        """Return the engine's statistics record."""
+        ...
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine; its leases were released."""

@@ -1,0 +1,289 @@
+"""The virtual-time engine: continuous batching over a roofline cost model (§7.1).
+
+Runs inside trio; every step sleeps its modelled duration, so under
+``trio.testing.MockClock(autojump_threshold=0)`` a run of hours takes seconds and the
+same workload and seed give the same figures. The KV manager's radix tree is the
+allocator (owned cache): admission matches, leases, evicts and reloads through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import trio
+
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.sim.costmodel import CostModel
+from pbkv.kvmanager import Admission, AdmitRequest, KVManager, LoadTransfer, block_keys
+from pbkv.runtime.clock import now_s
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Scheduler limits of the sim engine.
+
+    Args:
+        max_batch_size: most requests running at once (prefilling or decoding).
+        max_prefill_tokens: prefill tokens per step, shared by the batch (chunked
+            prefill).
+        check_integrity: assert the KV manager's invariants after every step (tests).
+    """
+
+    max_batch_size: int = 64
+    max_prefill_tokens: int = 8192
+    check_integrity: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SimStatistics:
+    """Engine counters: steps, modelled busy time, tokens and host-link time."""
+
+    steps: int
+    busy_s: float
+    prefill_tokens: int
+    decode_tokens: int
+    link_busy_s: float
+    prefetch_steps: int
+
+
+@dataclass(eq=False)
+class _Entry:
+    request: GenerateRequest
+    keys: list[int]
+    submit_s: float
+    done: trio.Event = field(default_factory=trio.Event)
+    admission: Admission | None = None
+    admit_s: float = 0.0
+    prefill_pos: int = 0
+    first_token_s: float = 0.0
+    generated: int = 0
+    result: GenerateResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+
+class SimEngine:
+    """Virtual-time engine over a :class:`KVManager` and a :class:`CostModel`.
+
+    Args:
+        kv: the KV manager whose tree is the allocator.
+        cost: hardware × model cost model.
+        config: scheduler limits.
+    """
+
+    owns_cache = True
+    has_hidden_state = False
+
+    def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
+        self.kv = kv
+        self.cost = cost
+        self.config = config or SimConfig()
+        self.has_host_tier = kv.config.host_capacity_blocks > 0
+        self._waiting: deque[_Entry] = deque()
+        self._running: list[_Entry] = []
+        self._pending_loads: dict[LoadTransfer, float] = {}
+        self._link_free_s = 0.0
+        self._wake = trio.Event()
+        self._steps = 0
+        self._busy_s = 0.0
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
+        self._link_busy_s = 0.0
+        self._prefetch_steps = 0
+
+    # -- public ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the scheduler loop until cancelled."""
+        task_status.started()
+        while True:
+            await self._step()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Queue ``request`` and wait for its result.
+
+        Raises:
+            ValueError: empty prompt or ``max_new_tokens < 1``.
+            EngineError: the request can never fit in the GPU tier.
+        """
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1")
+        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
+        entry = _Entry(request, keys, now_s())
+        self._waiting.append(entry)
+        self._wake.set()
+        await entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.result is not None
+        return entry.result
+
+    def statistics(self) -> SimStatistics:
+        return SimStatistics(
+            steps=self._steps,
+            busy_s=self._busy_s,
+            prefill_tokens=self._prefill_tokens,
+            decode_tokens=self._decode_tokens,
+            link_busy_s=self._link_busy_s,
+            prefetch_steps=self._prefetch_steps,
+        )
+
+    # -- one scheduler step -----------------------------------------------------------
+
+    async def _step(self) -> None:
+        self._complete_loads(now_s())
+        self._admit()
+        chunks = self._plan_prefill()
+        decoding = [e for e in self._running if e.first_token_s and e.prefill_pos >= e.prompt_tokens]
+        if not chunks and not decoding:
+            await self._idle()
+            return
+        kv_tokens = sum(e.prompt_tokens + e.generated for e in decoding)
+        step_s = self.cost.step_s([(n, e.prefill_pos) for e, n in chunks], len(decoding), kv_tokens)
+        if not chunks:
+            self._prefetch(step_s)
+        await trio.sleep(step_s)
+        self._steps += 1
+        self._busy_s += step_s
+        self._advance(chunks, decoding)
+        if self.config.check_integrity:
+            self.kv.check_integrity()
+
+    async def _idle(self) -> None:
+        deadline = min(self._pending_loads.values(), default=math.inf)
+        with trio.move_on_at(deadline):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_batch_size:
+            entry = self._waiting[0]
+            req = entry.request
+            try:
+                admission = self.kv.try_admit(
+                    AdmitRequest(
+                        keys=entry.keys,
+                        prompt_tokens=entry.prompt_tokens,
+                        max_new_tokens=req.max_new_tokens,
+                        workflow_id=req.workflow_id,
+                        agent=req.agent,
+                        namespace=req.namespace,
+                    )
+                )
+            except ValueError as exc:
+                self._waiting.popleft()
+                self._fail(entry, EngineError(f"request {req.request_id}: {exc}"))
+                continue
+            if admission is None:
+                return
+            self._waiting.popleft()
+            entry.admission = admission
+            entry.admit_s = now_s()
+            cached = admission.cached_gpu_tokens + admission.cached_host_tokens
+            entry.prefill_pos = min(cached, entry.prompt_tokens - 1)
+            for load in admission.loads:
+                if load not in self._pending_loads:
+                    self._enqueue_load(load)
+            self._running.append(entry)
+
+    def _plan_prefill(self) -> list[tuple[_Entry, int]]:
+        budget = self.config.max_prefill_tokens
+        chunks: list[tuple[_Entry, int]] = []
+        for entry in self._running:
+            if budget <= 0:
+                break
+            remaining = entry.prompt_tokens - entry.prefill_pos
+            if remaining <= 0 or not self._loads_done(entry):
+                continue
+            n = min(remaining, budget)
+            chunks.append((entry, n))
+            budget -= n
+        return chunks
+
+    def _advance(self, chunks: list[tuple[_Entry, int]], decoding: list[_Entry]) -> None:
+        now = now_s()
+        for entry, n in chunks:
+            entry.prefill_pos += n
+            self._prefill_tokens += n
+            if entry.prefill_pos >= entry.prompt_tokens:
+                assert entry.admission is not None
+                self.kv.commit(entry.admission, entry.keys)
+                entry.first_token_s = now
+                entry.generated = 1
+        for entry in decoding:
+            entry.generated += 1
+            self._decode_tokens += 1
+        for entry in [e for e in self._running if e.first_token_s]:
+            if entry.generated >= entry.request.max_new_tokens:
+                self._finish(entry, now)
+
+    def _finish(self, entry: _Entry, now: float) -> None:
+        req, adm = entry.request, entry.admission
+        assert adm is not None
+        output = _output_tokens(req)
+        keys = block_keys(req.prompt_token_ids + output, self.kv.config.block_size)
+        self.kv.commit(adm, keys)
+        self.kv.release(adm)
+        self._running.remove(entry)
+        entry.result = GenerateResult(
+            request_id=req.request_id,
+            output_token_ids=output,
+            prompt_tokens=entry.prompt_tokens,
+            cached_gpu_tokens=adm.cached_gpu_tokens,
+            cached_host_tokens=adm.cached_host_tokens,
+            computed_tokens=adm.computed_tokens,
+            queue_s=entry.admit_s - entry.submit_s,
+            ttft_s=entry.first_token_s - entry.submit_s,
+            e2e_s=now - entry.submit_s,
+        )
+        entry.done.set()
+
+    def _fail(self, entry: _Entry, error: BaseException) -> None:
+        if entry.admission is not None:
+            self.kv.release(entry.admission)
+        entry.error = error
+        entry.done.set()
+
+    # -- host link ------------------------------------------------------------------
+
+    def _enqueue_load(self, load: LoadTransfer) -> None:
+        """Queue a host-to-GPU copy on the single FIFO host link."""
+        duration = self.cost.transfer_s(load.num_blocks * self.kv.config.bytes_per_block)
+        start = max(now_s(), self._link_free_s)
+        self._link_free_s = start + duration
+        self._link_busy_s += duration
+        self._pending_loads[load] = self._link_free_s
+
+    def _complete_loads(self, now: float) -> None:
+        for load, done_s in sorted(self._pending_loads.items(), key=lambda kv: kv[1]):
+            if done_s > now:
+                break
+            del self._pending_loads[load]
+            self.kv.complete_load(load, ok=True)
+
+    def _loads_done(self, entry: _Entry) -> bool:
+        assert entry.admission is not None
+        return not any(load in self._pending_loads for load in entry.admission.loads)
+
+    def _prefetch(self, step_s: float) -> None:
+        loads = self.kv.plan_prefetch(step_s)
+        for load in loads:
+            self._enqueue_load(load)
+        if loads:
+            self._prefetch_steps += 1
+
+
+def _output_tokens(request: GenerateRequest) -> tuple[int, ...]:
+    scripted = request.scripted_output_token_ids[: request.max_new_tokens]
+    filler = request.max_new_tokens - len(scripted)
+    return scripted + (0,) * filler

@@ -1,0 +1,295 @@
+"""The ``taubench`` app: a replay of the 200 real τ-bench airline episodes (§8).
+
+Source: ``taubench/gpt-4o-airline.json`` in the shared data directory (see
+:func:`pbkv.examples.data.find_data_dir`). Each episode becomes one workflow whose steps
+are its LLM calls, in order:
+
+- ``agent``: every ``assistant`` message (the airline agent). Prompt = ``preamble``: the
+  episode's system policy as a system message (identical in every episode); ``role``: a
+  fixed system message listing the airline tools (names and argument names as the
+  trajectories use them); ``context``: the conversation so far, ending with
+  ``<|im_start|>assistant\\n``. Output = the message's content and its tool calls (as
+  ``<tool_call>`` JSON blocks) + ``<|im_end|>\\n``.
+- ``user``: every ``user`` message after the first (the user simulator). It shares no
+  text with the agent, so its ``preamble`` segment is empty; ``role``: a user-simulator
+  guide (our own words, in the spirit of τ-bench's); ``context``: the task instruction
+  (``info.task.instruction``), the agent's greeting, then the conversation with roles
+  flipped (the simulator's own messages are ``assistant`` turns; it sees the agent's text
+  but neither tool calls nor tool results).
+- ``tool`` messages are not LLM calls: each adds :data:`TOOL_LATENCY_S` to the ``gap_s``
+  of the next step and its text enters the agent's context.
+
+The first ``user`` message opens the task: it is the start of the agent's first context
+(and the workflow's ``task_text``), not an LLM call. Messages are rendered in SmolLM2's
+chat format and tokenized one by one, so a step's prompt plus output is a prefix of the
+same agent's next prompt. The call graph is agent ⇒ {agent (after tools), user, END},
+user ⇒ {agent, END}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.data import find_data_dir
+from pbkv.examples.tokenizer import encode
+from pbkv.predictor.trace import END
+
+AGENTS = ("agent", "user")
+DATA_FILE = Path("taubench") / "gpt-4o-airline.json"
+TOOL_LATENCY_S = 0.5
+"""Latency of one tool call (a database lookup or update in τ-bench's airline domain)."""
+
+_ROLES = ("system", "user", "assistant", "tool")
+GREETING = "Hi! How can I help you today?"
+USER_SIM_GUIDE = """\
+You are role-playing a customer who is chatting with an airline's customer service agent. \
+The next system message is your instruction: it says who you are, what you want, and how \
+you behave. Follow these rules for the whole conversation.
+- Write one chat message per turn, short and natural, the way a real customer types.
+- Reveal information only when the agent asks for it or when the conversation cannot move \
+forward without it; never paste your instruction or list everything you know at once.
+- Never make up details that your instruction does not give you, such as ids, dates, \
+amounts or names. If you are asked for something you do not know, say so.
+- Stay in character. Do not say that you are an AI, a simulator, or following instructions.
+- Keep pursuing the goal in your instruction. If the agent offers something that does not \
+match it, decline politely and ask for what you actually want, within what the instruction \
+allows.
+- When your goal is met, or it is clear that it cannot be met, or you are transferred to a \
+human agent, end your final message with ###STOP### and write nothing after it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    """One τ-bench episode, tokenized as workflow steps.
+
+    Args:
+        task_id: ``"{task_id}-{trial}"`` of the source episode.
+        opener: the user's first message (the workflow's task text).
+        instruction: the user simulator's task instruction.
+        reward: the episode's reward (0 or 1).
+        n_tool_calls: tool calls the agent made.
+        steps: the LLM calls, in order.
+    """
+
+    task_id: str
+    opener: str
+    instruction: str
+    reward: float
+    n_tool_calls: int
+    steps: tuple[Step, ...]
+
+
+class TauBenchApp:
+    """Replay of the τ-bench airline trajectories (see the module docstring).
+
+    Args:
+        data_dir: the shared data directory; found by :func:`find_data_dir` when omitted.
+    """
+
+    name = "taubench"
+    agents = AGENTS
+    entry_agents = ("agent",)
+    edges = (
+        ("agent", "agent"),
+        ("agent", "user"),
+        ("agent", END),
+        ("user", "agent"),
+        ("user", END),
+    )
+
+    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        self._data_dir = data_dir
+
+    def episodes(self) -> tuple[Episode, ...]:
+        """Return all episodes in file order (tokenized once per process and file version).
+
+        Raises:
+            FileNotFoundError: the data directory or file is missing.
+            ValueError: the file is not a list of τ-bench episodes (names the field).
+        """
+        path = (find_data_dir(self._data_dir) / DATA_FILE).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"τ-bench trajectories not found at {path}")
+        stat = path.stat()
+        return load_episodes(path, stat.st_size, stat.st_mtime_ns)
+
+    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
+        """Replay ``n_workflows`` episodes in an order shuffled by ``seed``.
+
+        Up to the number of episodes, each is used at most once; beyond it, further
+        shuffled passes over all episodes follow (so repeats are verbatim replays and
+        each episode is used equally often, give or take one).
+
+        Raises:
+            ValueError: ``n_workflows`` is negative.
+        """
+        check_count(n_workflows)
+        episodes = self.episodes()
+        rng = np.random.default_rng(seed)
+        order: list[int] = []
+        while len(order) < n_workflows:
+            order += rng.permutation(len(episodes)).tolist()
+        return [self._workflow(episodes[e], seed, i) for i, e in enumerate(order[:n_workflows])]
+
+    def _workflow(self, episode: Episode, seed: int, index: int) -> Workflow:
+        return Workflow(
+            workflow_id=f"{self.name}-{seed}-{index}",
+            app=self.name,
+            task_id=episode.task_id,
+            task_text=episode.opener,
+            steps=episode.steps,
+            task_features={"reward": episode.reward, "n_tool_calls": float(episode.n_tool_calls)},
+            end_reason="end",
+        )
+
+
+@functools.cache
+def load_episodes(path: Path, size_bytes: int, mtime_ns: int) -> tuple[Episode, ...]:
+    """Parse and tokenize the trajectories file (cached per file version).
+
+    ``size_bytes`` and ``mtime_ns`` only key the cache. Tokenizing all 200 episodes takes
+    about a second, so nothing is cached on disk.
+
+    Raises:
+        ValueError: the file is not valid JSON or an episode lacks a field (names it).
+    """
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{path}: expected a non-empty JSON list of episodes")
+    for i, episode in enumerate(raw):
+        _check_episode(episode, f"{path}: episode {i}")
+    ids = _Memo()
+    tools = _tools_role(raw, ids)
+    guide = Segment("role", ids(f"<|im_start|>system\n{USER_SIM_GUIDE}<|im_end|>\n"))
+    return tuple(_episode(e, ids, tools, guide) for e in raw)
+
+
+def _check_episode(episode: Any, where: str) -> None:
+    """Raise ``ValueError`` naming the first missing or malformed field of ``episode``."""
+    if not isinstance(episode, dict):
+        raise ValueError(f"{where}: expected an object")
+    for field in ("task_id", "reward", "info", "traj"):
+        if field not in episode:
+            raise ValueError(f"{where}: missing field {field!r}")
+    info = episode["info"]
+    task = info.get("task") if isinstance(info, dict) else None
+    if not isinstance(task, dict) or not isinstance(task.get("instruction"), str):
+        raise ValueError(f"{where}: missing string field 'info.task.instruction'")
+    traj = episode["traj"]
+    if not isinstance(traj, list) or len(traj) < 3:
+        raise ValueError(f"{where}: field 'traj' must list at least 3 messages")
+    for j, message in enumerate(traj):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in _ROLES or (j < 2 and role != _ROLES[j]):
+            expected = repr(_ROLES[j]) if j < 2 else f"one of {_ROLES}"
+            raise ValueError(f"{where}: traj[{j}].role is {role!r}, expected {expected}")
+        if role != "assistant" and not isinstance(message.get("content"), str):
+            raise ValueError(f"{where}: traj[{j}].content must be a string")
+
+
+class _Memo:
+    """Tokenize strings, remembering each result (shared pieces get the same tuple)."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[int, ...]] = {}
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        ids = self._ids.get(text)
+        if ids is None:
+            ids = self._ids[text] = encode(text)
+        return ids
+
+
+def _message(role: str, content: str) -> str:
+    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+
+def _tools_role(raw: list[dict[str, Any]], ids: Callable[[str], tuple[int, ...]]) -> Segment:
+    """Return the agent's role segment: the tools the trajectories call, with their arguments."""
+    arguments: dict[str, set[str]] = {}
+    for episode in raw:
+        for message in episode["traj"]:
+            for call in message.get("tool_calls") or ():
+                function = call["function"]
+                names = arguments.setdefault(function["name"], set())
+                names.update(json.loads(function["arguments"]))
+    lines = [f"- {name}({', '.join(sorted(args))})" for name, args in sorted(arguments.items())]
+    text = (
+        "# Tools\nYou can call the functions below. To call one, write a <tool_call> block "
+        'holding a JSON object with "name" and "arguments"; its result comes back as a tool '
+        "message.\n" + "\n".join(lines)
+    )
+    return Segment("role", ids(_message("system", text)))
+
+
+def _assistant_body(message: dict[str, Any]) -> str:
+    """Render an assistant message's content and tool calls as the text it generated."""
+    parts = [message["content"]] if message.get("content") else []
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        payload = {"name": function["name"], "arguments": json.loads(function["arguments"])}
+        parts.append(f"<tool_call>\n{json.dumps(payload)}\n</tool_call>")
+    return "\n".join(parts)
+
+
+def _episode(
+    raw: dict[str, Any],
+    ids: Callable[[str], tuple[int, ...]],
+    tools: Segment,
+    guide: Segment,
+) -> Episode:
+    """Turn one raw episode into its LLM-call steps (see the module docstring)."""
+    traj = raw["traj"]
+    instruction, opener = raw["info"]["task"]["instruction"], traj[1]["content"]
+    policy = Segment("preamble", ids(_message("system", traj[0]["content"])))
+    no_preamble = Segment("preamble", ())
+    start, close = ids("<|im_start|>assistant\n"), ids("<|im_end|>\n")
+    agent_view = list(ids(_message("user", opener)))
+    user_view = list(ids(_message("system", f"# Your instruction\n{instruction}")))
+    user_view += ids(_message("user", GREETING)) + start + ids(opener) + close
+    steps: list[Step] = []
+    tools_since_last_call = 0
+    for message in traj[2:]:
+        role, content = message["role"], message.get("content") or ""
+        gap_s = tools_since_last_call * TOOL_LATENCY_S
+        if role == "tool":
+            tools_since_last_call += 1
+            agent_view += ids(_message("tool", content))
+            continue
+        tools_since_last_call = 0
+        if role == "assistant":
+            output = ids(_assistant_body(message)) + close
+            context = Segment("context", tuple(agent_view) + start)
+            steps.append(Step("agent", (policy, tools, context), output, gap_s))
+            agent_view += start + output
+            if content:
+                user_view += ids(_message("user", content))
+        else:
+            output = ids(content) + close
+            context = Segment("context", tuple(user_view) + start)
+            steps.append(Step("user", (no_preamble, guide, context), output, gap_s))
+            user_view += start + output
+            agent_view += ids(_message("user", content))
+    return Episode(
+        task_id=f"{raw['task_id']}-{raw.get('trial', 0)}",
+        opener=opener,
+        instruction=instruction,
+        reward=float(raw["reward"]),
+        n_tool_calls=sum(len(m.get("tool_calls") or ()) for m in traj),
+        steps=tuple(steps),
+    )
+
+
+register_app(TauBenchApp.name, TauBenchApp)

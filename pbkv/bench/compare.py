@@ -1,0 +1,233 @@
+"""Compare cache policies on the same generated workload in one run (§9).
+
+Each policy serves an identical copy of the workload through the full actor system on
+the virtual-time engine, under ``MockClock(autojump_threshold=0)`` with trio's
+scheduler seeded, so the same seed gives the same figures.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import trio
+import trio.testing
+
+from pbkv.actors.serve import serve_workflows
+from pbkv.actors.workflow import WorkflowOutcome
+from pbkv.actors.workload import Workflow
+from pbkv.engines.sim.costmodel import CostModel
+from pbkv.engines.sim.engine import SimConfig, SimEngine
+from pbkv.engines.sim.profile import load_hardware, load_model
+from pbkv.kvmanager import KVConfig, KVManager, KVStatistics, get_policy
+from pbkv.predictor import make_forecaster
+from pbkv.predictor.base import Forecaster
+from pbkv.runtime import seed_scheduler
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One comparison: a workload, the policies, the engine and the predictor.
+
+    Args:
+        app: app registry name.
+        policies: policy names, compared on the same workload.
+        workflows: workflows in the workload.
+        concurrency: workflows in flight at once (closed loop).
+        gpu_kv_tokens: GPU KV capacity in tokens; ``None`` = half the workload's
+            concurrent working set (so the tier is under pressure), capped by the profile.
+        host_kv_tokens: host tier capacity in tokens; ``None`` = 2 × the GPU tier
+            (SGLang HiCache's default host-to-device ratio).
+        seed: workload and scheduler seed.
+        predictor: forecaster name for score-based policies (``markov``, ``oracle``, …).
+        train_workflows: workflows (from another seed) the predictor is fitted on.
+        hardware / model: sim profiles.
+        block_size: tokens per KV block.
+        horizon / gamma: score horizon K and decay.
+    """
+
+    app: str = "codegen"
+    policies: tuple[str, ...] = ("lru", "lae", "he", "pbkv")
+    workflows: int = 64
+    concurrency: int = 16
+    gpu_kv_tokens: int | None = None
+    host_kv_tokens: int | None = None
+    seed: int = 0
+    predictor: str = "markov"
+    train_workflows: int = 300
+    hardware: str = "a6000-tp2"
+    model: str = "qwen3-32b"
+    block_size: int = 16
+    horizon: int = 3
+    gamma: float = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    """Summary of one policy's run (times in simulated seconds)."""
+
+    policy: str
+    predictor: str
+    workflows: int
+    mean_latency_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    mean_ttft_s: float
+    gpu_hit_rate: float
+    host_hit_rate: float
+    recomputed_tokens: int
+    throughput_workflows_per_s: float
+    makespan_s: float
+    kv: KVStatistics
+    wall_s: float
+    hit_timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+
+
+def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
+    """Return half the KV tokens ``concurrency`` workflows would keep for reuse.
+
+    A workflow's reusable set is, per agent, its longest prompt + output; the shared
+    preamble is counted once. The median workflow stands for one slot.
+    """
+    per_workflow = []
+    for wf in workload:
+        longest: dict[str, int] = {}
+        for s in wf.steps:
+            longest[s.agent] = max(longest.get(s.agent, 0), s.prompt_tokens + s.output_tokens)
+        preamble = len(wf.steps[0].segments[0].token_ids) if wf.steps else 0
+        per_workflow.append(sum(longest.values()) - preamble * (len(longest) - 1))
+    return int(0.5 * concurrency * float(np.median(per_workflow)))
+
+
+def run_policy(
+    workload: Sequence[Workflow],
+    config: BenchConfig,
+    policy: str,
+    forecasters: Sequence[Forecaster],
+    *,
+    gpu_kv_tokens: int,
+    on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+) -> PolicyResult:
+    """Serve ``workload`` under ``policy`` in virtual time and summarise it."""
+    cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+    bs = config.block_size
+    gpu_blocks = gpu_kv_tokens // bs
+    host_tokens = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu_kv_tokens
+    kv_config = KVConfig(
+        block_size=bs,
+        gpu_capacity_blocks=gpu_blocks,
+        host_capacity_blocks=host_tokens // bs,
+        bytes_per_block=cost.kv_bytes_per_token * bs,
+        policy=policy,
+        horizon=config.horizon,
+        gamma=config.gamma,
+        bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
+    )
+    uses_forecasts = get_policy(policy).uses_forecasts
+    timeline: list[tuple[float, float]] = []
+
+    async def main() -> list[WorkflowOutcome]:
+        kv = KVManager(kv_config, trio.current_time)
+        engine = SimEngine(kv, cost, SimConfig())
+        outcomes = await serve_workflows(
+            workload,
+            engine=engine,
+            kv=kv,
+            forecasters=forecasters if uses_forecasts else (),
+            concurrency=config.concurrency,
+            on_outcome=on_outcome,
+        )
+        nonlocal kv_stats
+        kv_stats = kv.statistics()
+        return outcomes
+
+    kv_stats: KVStatistics | None = None
+    seed_scheduler(config.seed)
+    started = time.perf_counter()
+    outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    wall_s = time.perf_counter() - started
+    assert kv_stats is not None
+    for o in sorted(outcomes, key=lambda o: o.end_s):
+        for r in o.results:
+            timeline.append((o.end_s, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
+    return _summarise(policy, config, outcomes, kv_stats, wall_s, timeline)
+
+
+def _summarise(
+    policy: str,
+    config: BenchConfig,
+    outcomes: list[WorkflowOutcome],
+    kv: KVStatistics,
+    wall_s: float,
+    timeline: list[tuple[float, float]],
+) -> PolicyResult:
+    latencies = np.array([o.latency_s for o in outcomes])
+    ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
+    makespan = max(o.end_s for o in outcomes) - min(o.start_s for o in outcomes)
+    return PolicyResult(
+        policy=policy,
+        predictor=config.predictor if get_policy(policy).uses_forecasts else "-",
+        workflows=len(outcomes),
+        mean_latency_s=float(latencies.mean()),
+        p50_latency_s=float(np.percentile(latencies, 50)),
+        p99_latency_s=float(np.percentile(latencies, 99)),
+        mean_ttft_s=float(ttfts.mean()) if len(ttfts) else 0.0,
+        gpu_hit_rate=kv.gpu_hit_rate,
+        host_hit_rate=kv.host_hit_rate,
+        recomputed_tokens=kv.computed_tokens,
+        throughput_workflows_per_s=len(outcomes) / makespan if makespan > 0 else 0.0,
+        makespan_s=makespan,
+        kv=kv,
+        wall_s=wall_s,
+        hit_timeline=tuple(timeline),
+    )
+
+
+def build_forecasters(
+    config: BenchConfig, app_agents: Sequence[str], workload: Sequence[Workflow], train: Sequence[Workflow]
+) -> list[Forecaster]:
+    """Return the predictor chain for ``config.predictor`` (fitted on ``train``)."""
+    agents = tuple(app_agents)
+    traces = [w.to_trace() for w in train]
+    paths = {w.workflow_id: w.agents for w in workload}
+    return [
+        make_forecaster(
+            config.predictor, agents=agents, horizon=config.horizon, traces=traces, workflows=paths
+        )
+    ]
+
+
+def compare_policies(
+    config: BenchConfig,
+    *,
+    on_outcome: Callable[[str, WorkflowOutcome], None] | None = None,
+) -> tuple[list[PolicyResult], int]:
+    """Run every policy of ``config`` on one workload.
+
+    Returns:
+        The per-policy results (in ``config.policies`` order) and the GPU KV capacity in
+        tokens that was used.
+
+    Raises:
+        ValueError: unknown app, policy, predictor or profile name.
+    """
+    from pbkv.examples import get_app
+
+    for name in config.policies:
+        get_policy(name)
+    app = get_app(config.app)
+    workload = app.generate(config.workflows, config.seed)
+    train = app.generate(config.train_workflows, config.seed + 10_000)
+    forecasters = build_forecasters(config, app.agents, workload, train)
+    gpu_tokens = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
+    cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+    gpu_tokens = min(gpu_tokens, cost.gpu_kv_capacity_tokens)
+    results = []
+    for policy in config.policies:
+        callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
+        results.append(
+            run_policy(workload, config, policy, forecasters, gpu_kv_tokens=gpu_tokens, on_outcome=callback)
+        )
+    return results, gpu_tokens
