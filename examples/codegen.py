@@ -173,7 +173,7 @@ def _build_steps(
     """Build the steps of ``path``; each context extends the previous one."""
     preamble, roles = _fixed_segments()
     history = encode(f"<|im_start|>user\n## Task\n{task.text}<|im_end|>\n")
-    steps = []
+    steps: list[Step] = []
     for agent in path:
         opener = _opener(agent)
         low, high = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if steps else (0.0, 0.0)
@@ -226,7 +226,8 @@ def _output(agent: str, task: CodegenTask, rng: np.random.Generator) -> tuple[in
 def _test_log(rng: np.random.Generator) -> tuple[int, ...]:
     """Return a ``tool`` message holding a failed test run's log."""
     n_tokens = int(rng.integers(TEST_LOG_TOKENS[0], TEST_LOG_TOKENS[1] + 1))
-    start, end = encode("<|im_start|>tool\n"), encode("\n=== FAILED ===<|im_end|>\n")
+    start = _encode_cached("<|im_start|>tool\n")
+    end = _encode_cached("\n=== FAILED ===<|im_end|>\n")
     return start + _filler("", text.TEST_LOG_LINES, n_tokens, rng) + end
 
 

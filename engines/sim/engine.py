@@ -150,8 +150,8 @@ class SimEngine:
             return
         kv_tokens = sum(e.prompt_tokens + e.generated for e in decoding)
         step_s = self.cost.step_s([(n, e.prefill_pos) for e, n in chunks], len(decoding), kv_tokens)
-        if not chunks:
-            self._prefetch(step_s)
+        if not chunks and not self._waiting:
+            self._prefetch(step_s)  # idle space and idle bandwidth only (§5.4)
         await trio.sleep(step_s)
         self._steps += 1
         self._busy_s += step_s

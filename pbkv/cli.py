@@ -1,0 +1,130 @@
+"""The ``pbkv`` command: ``pbkv bench`` compares cache policies on one workload."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    from pbkv.kvmanager import POLICIES
+
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+        )
+    return names
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from pbkv.bench.compare import BenchConfig
+
+    d = BenchConfig()
+    p = sub.add_parser(
+        "bench",
+        help="compare cache policies on one generated workload (virtual-time engine)",
+        description="Serve the same workload under each policy through the actor system on the "
+        "virtual-time engine and print one table (ratios vs lru).",
+    )
+    p.add_argument("--app", default=d.app, help="app: codegen or taubench (default %(default)s)")
+    p.add_argument("--policies", type=_policies, default=d.policies,
+                   help="comma-separated policies (default lru,lae,he,pbkv)")
+    p.add_argument("--workflows", type=_positive_int, default=d.workflows)
+    p.add_argument("--concurrency", type=_positive_int, default=d.concurrency)
+    p.add_argument("--gpu-kv-tokens", type=_positive_int, default=None,
+                   help="GPU KV capacity in tokens (default: half the concurrent working set)")
+    p.add_argument("--host-kv-tokens", type=int, default=None,
+                   help="host tier in tokens (default: 2x the GPU tier, as SGLang HiCache)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--predictor", default=d.predictor,
+                   help="forecaster for he/pbkv: markov, markov-1..3, oracle, uniform")
+    p.add_argument("--train-workflows", type=_positive_int, default=d.train_workflows,
+                   help="workflows (another seed) the predictor is fitted on")
+    p.add_argument("--hardware", default=d.hardware)
+    p.add_argument("--model", default=d.model)
+    p.add_argument("--block-size", type=_positive_int, default=d.block_size)
+    p.add_argument("--horizon", type=_positive_int, default=d.horizon, help="score horizon K")
+    p.add_argument("--gamma", type=float, default=d.gamma, help="score decay in (0, 1]")
+    p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.compare import BenchConfig, compare_policies
+    from pbkv.bench.report import comparison_table, write_json
+
+    config = BenchConfig(
+        app=args.app,
+        policies=args.policies,
+        workflows=args.workflows,
+        concurrency=args.concurrency,
+        gpu_kv_tokens=args.gpu_kv_tokens,
+        host_kv_tokens=args.host_kv_tokens,
+        seed=args.seed,
+        predictor=args.predictor,
+        train_workflows=args.train_workflows,
+        hardware=args.hardware,
+        model=args.model,
+        block_size=args.block_size,
+        horizon=args.horizon,
+        gamma=args.gamma,
+    )
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as progress:
+        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
+        results, gpu_tokens = compare_policies(
+            config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
+        )
+    title = (
+        f"{config.app}: {config.workflows} workflows, concurrency {config.concurrency}, "
+        f"GPU KV {gpu_tokens:,} tokens, {config.hardware} x {config.model} (simulated seconds)"
+    )
+    console.print(comparison_table(results, title))
+    if args.json_path:
+        write_json(args.json_path, config, gpu_tokens, results)
+        console.print(f"wrote {args.json_path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pbkv", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``pbkv`` command line; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    # Piped output would be cut to 80 columns; the comparison table needs about 130.
+    console = Console() if sys.stdout.isatty() else Console(width=140)
+    try:
+        return args.run(args, console)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
