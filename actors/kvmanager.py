@@ -85,9 +85,9 @@ class KVManagerActor(Actor):
                 view.step = step
                 self._request_forecast(w, view, None)
             case PrefillDone(workflow_id=w, hidden=hidden) if hidden is not None:
-                view = self._workflows.get(w)
-                if view is not None:
-                    self._request_forecast(w, view, np.asarray(hidden, dtype=np.float32))
+                known = self._workflows.get(w)
+                if known is not None:
+                    self._request_forecast(w, known, np.asarray(hidden, dtype=np.float32))
             case PrefillDone() | AgentFinished():
                 pass
             case WorkflowTerminated(workflow_id=w):

@@ -68,7 +68,9 @@ class WorkflowActor(Actor):
         super().__init__(mailbox_capacity=4)
         missing = {s.agent for s in workflow.steps} - set(agents)
         if missing:
-            raise ValueError(f"workflow {workflow.workflow_id}: no actor for agents {sorted(missing)}")
+            raise ValueError(
+                f"workflow {workflow.workflow_id}: no actor for agents {sorted(missing)}"
+            )
         self.workflow = workflow
         self.agents = agents
         self.kv_manager = kv_manager
@@ -93,7 +95,9 @@ class WorkflowActor(Actor):
         wf = self.workflow
         self._start_s = now_s()
         await self.kv_manager.tell(
-            WorkflowStarted(wf.workflow_id, wf.app, wf.task_id, wf.tenant, self._start_s, wf.task_text)
+            WorkflowStarted(
+                wf.workflow_id, wf.app, wf.task_id, wf.tenant, self._start_s, wf.task_text
+            )
         )
         if wf.steps:
             await self._invoke(0)
@@ -135,7 +139,9 @@ class WorkflowActor(Actor):
             )
         )
         await self.kv_manager.tell(
-            AgentFinished(wf_id, step, agent, len(result.output_token_ids), result.e2e_s, at, result.ttft_s)
+            AgentFinished(
+                wf_id, step, agent, len(result.output_token_ids), result.e2e_s, at, result.ttft_s
+            )
         )
         self._results.append(result)
         self._retries = 0
@@ -156,6 +162,8 @@ class WorkflowActor(Actor):
         end = now_s()
         await self.kv_manager.tell(WorkflowTerminated(self.workflow.workflow_id, reason, end))
         await self.outcomes.send(
-            WorkflowOutcome(self.workflow.workflow_id, reason, self._start_s, end, tuple(self._results))
+            WorkflowOutcome(
+                self.workflow.workflow_id, reason, self._start_s, end, tuple(self._results)
+            )
         )
         self.close_mailbox()

@@ -29,6 +29,7 @@ import string
 from dataclasses import dataclass
 
 import numpy as np
+
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.examples import codegen_prompts as text
 from pbkv.examples.apps import check_count, register_app

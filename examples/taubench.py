@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.examples.apps import check_count, register_app
 from pbkv.examples.data import find_data_dir

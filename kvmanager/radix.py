@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pbkv.kvmanager.blocks import BlockPool
 from pbkv.kvmanager.eviction import EvictionIndex, Priority
@@ -346,7 +346,9 @@ class RadixTree:
         i = load.nodes.index(node)
         blocks = load.gpu_blocks[i]
         load.nodes = load.nodes[:i] + (top, node) + load.nodes[i + 1 :]
-        load.gpu_blocks = load.gpu_blocks[:i] + (blocks[:at], blocks[at:]) + load.gpu_blocks[i + 1 :]
+        load.gpu_blocks = (
+            load.gpu_blocks[:i] + (blocks[:at], blocks[at:]) + load.gpu_blocks[i + 1 :]
+        )
         self._loads[top.serial] = load
 
     # -- eviction ----------------------------------------------------------------
@@ -475,7 +477,9 @@ class RadixTree:
             expected = nodes[i - 1] if i else None
             if expected is not None and parent is not expected:
                 raise ValueError("load chain must be parent-first and contiguous")
-            if expected is None and not (parent is None or parent.is_root or parent.on_gpu or parent.loading):
+            if expected is None and not (
+                parent is None or parent.is_root or parent.on_gpu or parent.loading
+            ):
                 raise ValueError(f"cannot load {node}: its parent is not on the GPU")
         blocks = tuple(self.pool_allocate_gpu(n.num_blocks) for n in nodes)
         load = LoadTransfer(tuple(nodes), blocks, self.lock(nodes[-1]), prefetch)

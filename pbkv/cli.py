@@ -43,19 +43,38 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "virtual-time engine and print one table (ratios vs lru).",
     )
     p.add_argument("--app", default=d.app, help="app: codegen or taubench (default %(default)s)")
-    p.add_argument("--policies", type=_policies, default=d.policies,
-                   help="comma-separated policies (default lru,lae,he,pbkv)")
+    p.add_argument(
+        "--policies",
+        type=_policies,
+        default=d.policies,
+        help="comma-separated policies (default lru,lae,he,pbkv)",
+    )
     p.add_argument("--workflows", type=_positive_int, default=d.workflows)
     p.add_argument("--concurrency", type=_positive_int, default=d.concurrency)
-    p.add_argument("--gpu-kv-tokens", type=_positive_int, default=None,
-                   help="GPU KV capacity in tokens (default: half the concurrent working set)")
-    p.add_argument("--host-kv-tokens", type=int, default=None,
-                   help="host tier in tokens (default: 2x the GPU tier, as SGLang HiCache)")
+    p.add_argument(
+        "--gpu-kv-tokens",
+        type=_positive_int,
+        default=None,
+        help="GPU KV capacity in tokens (default: half the concurrent working set)",
+    )
+    p.add_argument(
+        "--host-kv-tokens",
+        type=int,
+        default=None,
+        help="host tier in tokens (default: 2x the GPU tier, as SGLang HiCache)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--predictor", default=d.predictor,
-                   help="forecaster for he/pbkv: markov, markov-1..3, oracle, uniform")
-    p.add_argument("--train-workflows", type=_positive_int, default=d.train_workflows,
-                   help="workflows (another seed) the predictor is fitted on")
+    p.add_argument(
+        "--predictor",
+        default=d.predictor,
+        help="forecaster for he/pbkv: markov, markov-1..3, oracle, uniform",
+    )
+    p.add_argument(
+        "--train-workflows",
+        type=_positive_int,
+        default=d.train_workflows,
+        help="workflows (another seed) the predictor is fitted on",
+    )
     p.add_argument("--hardware", default=d.hardware)
     p.add_argument("--model", default=d.model)
     p.add_argument("--block-size", type=_positive_int, default=d.block_size)
@@ -86,8 +105,12 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
         gamma=args.gamma,
     )
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
     ) as progress:
         tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
         results, gpu_tokens = compare_policies(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
 from pbkv.predictor.trace import END, TraceRecord
 from pbkv.predictor.vocab import agent_index, check_agent, check_path
 

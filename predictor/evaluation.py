@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+
 from pbkv.predictor.base import Forecaster, WorkflowState
 from pbkv.predictor.trace import END, TraceRecord
 from pbkv.predictor.vocab import agent_index, check_path

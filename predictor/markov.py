@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
 from pbkv.predictor.base import WorkflowState
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.trace import END, TraceRecord

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from pbkv.predictor.base import WorkflowState
 from pbkv.predictor.vocab import agent_index, check_path
 

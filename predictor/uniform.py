@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from pbkv.predictor.base import WorkflowState
 from pbkv.predictor.vocab import agent_index, check_path
 

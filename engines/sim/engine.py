@@ -144,7 +144,9 @@ class SimEngine:
         self._complete_loads(now_s())
         self._admit()
         chunks = self._plan_prefill()
-        decoding = [e for e in self._running if e.first_token_s and e.prefill_pos >= e.prompt_tokens]
+        decoding = [
+            e for e in self._running if e.first_token_s and e.prefill_pos >= e.prompt_tokens
+        ]
         if not chunks and not decoding:
             await self._idle()
             return

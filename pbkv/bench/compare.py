@@ -186,7 +186,10 @@ def _summarise(
 
 
 def build_forecasters(
-    config: BenchConfig, app_agents: Sequence[str], workload: Sequence[Workflow], train: Sequence[Workflow]
+    config: BenchConfig,
+    app_agents: Sequence[str],
+    workload: Sequence[Workflow],
+    train: Sequence[Workflow],
 ) -> list[Forecaster]:
     """Return the predictor chain for ``config.predictor`` (fitted on ``train``)."""
     agents = tuple(app_agents)
@@ -228,6 +231,8 @@ def compare_policies(
     for policy in config.policies:
         callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
         results.append(
-            run_policy(workload, config, policy, forecasters, gpu_kv_tokens=gpu_tokens, on_outcome=callback)
+            run_policy(
+                workload, config, policy, forecasters, gpu_kv_tokens=gpu_tokens, on_outcome=callback
+            )
         )
     return results, gpu_tokens

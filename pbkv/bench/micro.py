@@ -109,8 +109,9 @@ def simulated_requests_per_s(app: str = "codegen", workflows: int = 32) -> float
     """Return invocations the virtual-time engine serves per wall-clock second (pbkv)."""
     from pbkv.bench.compare import BenchConfig, compare_policies
 
-    config = BenchConfig(app=app, policies=("pbkv",), workflows=workflows, concurrency=8,
-                         train_workflows=100)
+    config = BenchConfig(
+        app=app, policies=("pbkv",), workflows=workflows, concurrency=8, train_workflows=100
+    )
     results, _ = compare_policies(config)
     return results[0].kv.requests / results[0].wall_s
 

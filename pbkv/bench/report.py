@@ -24,9 +24,18 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
     """
     base = next((r for r in results if r.policy == "lru"), results[0])
     table = Table(title=title, caption=f"speedup and GPU hit ratio are relative to {base.policy}")
-    for name in ("policy", "predictor", f"mean lat {time_unit}", f"p99 lat {time_unit}",
-                 f"mean TTFT {time_unit}", "GPU hit%", "host hit%", "recomputed tok",
-                 "speedup", "GPU hit ratio"):
+    for name in (
+        "policy",
+        "predictor",
+        f"mean lat {time_unit}",
+        f"p99 lat {time_unit}",
+        f"mean TTFT {time_unit}",
+        "GPU hit%",
+        "host hit%",
+        "recomputed tok",
+        "speedup",
+        "GPU hit ratio",
+    ):
         table.add_column(name, justify="left" if name in ("policy", "predictor") else "right")
     for r in results:
         table.add_row(
@@ -44,14 +53,20 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
     return table
 
 
-def write_json(path: str | Path, config: BenchConfig, gpu_kv_tokens: int, results: Sequence[PolicyResult]) -> None:
+def write_json(
+    path: str | Path, config: BenchConfig, gpu_kv_tokens: int, results: Sequence[PolicyResult]
+) -> None:
     """Write the config, the GPU capacity used and every result (with KV statistics) as JSON."""
     payload = {
         "config": config,
         "gpu_kv_tokens": gpu_kv_tokens,
         "results": [
             {
-                **{f: getattr(r, f) for f in r.__dataclass_fields__ if f not in ("kv", "hit_timeline")},
+                **{
+                    f: getattr(r, f)
+                    for f in r.__dataclass_fields__
+                    if f not in ("kv", "hit_timeline")
+                },
                 "kv": r.kv,
                 "gpu_hit_rate_kv": r.kv.gpu_hit_rate,
                 "hit_timeline": r.hit_timeline,

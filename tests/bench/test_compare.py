@@ -55,8 +55,23 @@ def test_every_workflow_completes_and_cache_is_released(codegen_markov):
 
 def test_cli_bench_prints_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = main(["bench", "--app", "codegen", "--workflows", "4", "--concurrency", "2",
-                 "--policies", "lru,pbkv", "--train-workflows", "20", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "--app",
+            "codegen",
+            "--workflows",
+            "4",
+            "--concurrency",
+            "2",
+            "--policies",
+            "lru,pbkv",
+            "--train-workflows",
+            "20",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     text = capsys.readouterr().out
     assert "GPU hit%" in text and "pbkv" in text and "lru" in text

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from pbkv.engines.sim.costmodel import CostModel, PrefillChunk
 from pbkv.engines.sim.profile import (
     HardwareProfile,

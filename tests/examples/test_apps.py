@@ -1,4 +1,5 @@
 import pytest
+
 from pbkv.examples import App, app_names, get_app, register_app, validate_path
 
 

@@ -1,6 +1,7 @@
 import statistics
 
 import pytest
+
 from pbkv.examples import MAX_RETRIES, CodegenApp, decode, failure_probability, validate_path
 from pbkv.examples.codegen import AGENTS, OUTPUT_TOKENS
 

@@ -3,6 +3,7 @@ import statistics
 from collections import Counter
 
 import pytest
+
 from pbkv.examples import TOOL_LATENCY_S, TauBenchApp, decode, encode, find_data_dir, validate_path
 from pbkv.examples.taubench import DATA_FILE
 

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+
 from pbkv.examples import tokenizer
 from pbkv.examples.tokenizer import TokenizerUnavailable, decode, encode, encode_batch
 

@@ -97,7 +97,9 @@ def test_dropping_a_parent_removes_host_children_no_gap(clock):
     tree.evict("gpu", 2)  # child demoted to host (host now full)
     clock.advance()
     put(tree, [7, 8])
-    tree.evict("gpu", 2)  # parent [1,2]: host full of its own child -> host evicts child, then demotes
+    tree.evict(
+        "gpu", 2
+    )  # parent [1,2]: host full of its own child -> host evicts child, then demotes
     m = tree.match_prefix([1, 2, 3, 4])
     # the host copy of [3,4] was dropped to make room, so [1,2] is matched on the host only
     assert (m.gpu_blocks, m.host_blocks) == (0, 2)

@@ -10,8 +10,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_wheel_imports_outside_checkout(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
         check=True,
     )
     (wheel,) = (tmp_path / "dist").glob("pbkv-*.whl")
@@ -26,8 +36,12 @@ def test_wheel_imports_outside_checkout(tmp_path):
         "print(pbkv.__file__); print(p.load_hardware('a6000-tp2').name)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": ""},
-        check=True, capture_output=True, text=True,
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.split()
     assert out[0].startswith(str(site))
     assert out[1] == "a6000-tp2"

@@ -1,6 +1,7 @@
 from collections.abc import Callable
 
 import pytest
+
 from pbkv.predictor import TRACE_VERSION, SegmentCount, TraceRecord, TraceStep
 
 

@@ -2,6 +2,7 @@ import logging
 
 import msgspec
 import pytest
+
 from pbkv.predictor import (
     TRACE_VERSION,
     SegmentCount,

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from pbkv.predictor import agent_weights, survival
 
 # Conditional rows over (A, B, C, END) from the chain of test_markov's END test.

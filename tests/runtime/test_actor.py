@@ -4,6 +4,7 @@ import msgspec
 import pytest
 import trio
 import trio.testing
+
 from pbkv.runtime import (
     Actor,
     ActorRef,

@@ -1,4 +1,5 @@
 import trio
+
 from pbkv.runtime import now_s, seed_scheduler
 
 

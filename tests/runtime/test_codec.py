@@ -1,5 +1,6 @@
 import msgspec
 import pytest
+
 from pbkv.runtime import EventRecorder, iter_events, read_events
 
 

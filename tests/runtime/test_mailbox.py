@@ -1,5 +1,6 @@
 import pytest
 import trio
+
 from pbkv.runtime.mailbox import Envelope, Mailbox, Reply
 
 

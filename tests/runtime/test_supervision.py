@@ -1,4 +1,5 @@
 import pytest
+
 from pbkv.runtime import RestartBudget, Strategy
 
 

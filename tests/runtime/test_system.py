@@ -1,6 +1,7 @@
 import pytest
 import trio
 import trio.testing
+
 from pbkv.runtime import (
     Actor,
     ActorFailed,

@@ -1,0 +1,268 @@
+"""Stateful property test of the KV manager: random admissions, loads, commits, releases,
+forecasts, prefetches and evictions keep every §5.1 invariant (``check_integrity()``)."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pbkv.kvmanager import Admission, AdmitRequest, KVConfig, KVManager, LoadTransfer, block_keys
+
+from .conftest import FakeClock
+
+AGENTS = ("a", "b", "c")
+WORKFLOWS = ("w0", "w1", "w2")
+ALPHABET = st.integers(min_value=0, max_value=2)  # few symbols: prefixes collide often
+GAMMA = 0.8
+
+
+@dataclass(eq=False)
+class Live:
+    """One admitted request the machine still holds."""
+
+    admission: Admission
+    prompt: list[int]
+    output: list[int]
+    stage: int = 0  # 0 admitted, 1 prompt committed, 2 prompt + output committed
+    loads: list[LoadTransfer] = field(default_factory=list)
+
+
+class KVManagerMachine(RuleBasedStateMachine):
+    @initialize(
+        policy=st.sampled_from(["lru", "lae", "he", "pbkv"]),
+        block_size=st.integers(1, 2),
+        gpu=st.integers(4, 12),
+        host=st.sampled_from([0, 3, 6, 12]),
+    )
+    def setup(self, policy, block_size, gpu, host):
+        self.clock = FakeClock()
+        cfg = KVConfig(
+            block_size=block_size,
+            gpu_capacity_blocks=gpu,
+            host_capacity_blocks=host,
+            bytes_per_block=100,
+            policy=policy,
+            gamma=GAMMA,
+            bandwidth_bytes_per_s=1000.0,
+        )
+        self.kv = KVManager(cfg, self.clock)
+        self.live: list[Live] = []
+        self.pending: list[LoadTransfer] = []  # in issue order
+        self.load_ok: dict[int, bool] = {}  # id(load) -> outcome, once completed
+        self.active: set[str] = set()
+        self.forecasts: dict[str, np.ndarray] = {}
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _keys(self, tokens):
+        return block_keys(tokens, self.kv.config.block_size)
+
+    def _track(self, loads):
+        for load in loads:
+            if all(load is not p for p in self.pending) and id(load) not in self.load_ok:
+                self.pending.append(load)
+
+    def _ready(self, live):
+        return all(self.load_ok.get(id(load)) is True for load in live.loads)
+
+    # -- rules ------------------------------------------------------------------------
+
+    @rule(
+        prompt=st.lists(ALPHABET, min_size=1, max_size=10),
+        output=st.lists(ALPHABET, min_size=1, max_size=3),
+        workflow=st.sampled_from((*WORKFLOWS, None)),
+        agent=st.sampled_from(AGENTS),
+    )
+    def admit(self, prompt, output, workflow, agent):
+        if workflow is not None and workflow not in self.active:
+            workflow = None
+        self.clock.advance()
+        keys = self._keys(prompt)
+        req = AdmitRequest(keys, len(prompt), len(output), workflow, agent if workflow else "")
+        needed = self.kv.blocks_needed(len(prompt), len(output))
+        if needed > self.kv.config.gpu_capacity_blocks:
+            try:
+                self.kv.try_admit(req)
+            except ValueError:
+                return
+            raise AssertionError("an oversized request was admitted")
+        adm = self.kv.try_admit(req)
+        if adm is None:
+            return
+        assert adm.cached_gpu_tokens + adm.cached_host_tokens <= len(prompt)
+        assert adm.cached_gpu_tokens % self.kv.config.block_size == 0
+        assert adm.computed_tokens >= 0
+        assert len(adm.private_blocks) == needed - adm.matched_blocks
+        self._track(adm.loads)
+        self.live.append(Live(adm, prompt, output, loads=list(adm.loads)))
+
+    @precondition(lambda self: self.pending)
+    @rule(index=st.integers(0, 100), ok=st.booleans())
+    def complete_load(self, index, ok):
+        load = self.pending[index % len(self.pending)]
+        first_parent = load.nodes[0].parent
+        parent_ready = first_parent is None or first_parent.is_root or first_parent.on_gpu
+        if ok and not parent_ready:
+            # an earlier load of the chain failed or is still in flight
+            try:
+                self.kv.complete_load(load, ok=True)
+            except RuntimeError:
+                return
+            raise AssertionError("a load completed before its parent reached the GPU")
+        self.kv.complete_load(load, ok=ok)
+        self.pending.remove(load)
+        self.load_ok[id(load)] = ok
+        for node in load.nodes:
+            assert not node.loading
+            assert node.on_gpu == ok, "a failed load marked a node GPU-resident"
+            assert node.on_host
+
+    @precondition(lambda self: any(x.stage == 0 and self._ready(x) for x in self.live))
+    @rule(index=st.integers(0, 100))
+    def commit_prompt(self, index):
+        ready = [x for x in self.live if x.stage == 0 and self._ready(x)]
+        live = ready[index % len(ready)]
+        self.clock.advance()
+        self.kv.commit(live.admission, self._keys(live.prompt))
+        live.stage = 1
+
+    @precondition(lambda self: any(x.stage < 2 and self._ready(x) for x in self.live))
+    @rule(index=st.integers(0, 100))
+    def commit_output(self, index):
+        ready = [x for x in self.live if x.stage < 2 and self._ready(x)]
+        live = ready[index % len(ready)]
+        self.clock.advance()
+        self.kv.commit(live.admission, self._keys(live.prompt + live.output))
+        live.stage = 2
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 100))
+    def release(self, index):
+        live = self.live.pop(index % len(self.live))
+        self.kv.release(live.admission)
+        assert live.admission.done and live.admission.private_blocks == []
+
+    @rule(workflow=st.sampled_from(WORKFLOWS))
+    def start_workflow(self, workflow):
+        self.kv.on_workflow_started(workflow)
+        self.active.add(workflow)
+
+    @precondition(lambda self: self.active)
+    @rule(workflow=st.sampled_from(WORKFLOWS))
+    def terminate_workflow(self, workflow):
+        # The actor flow terminates a workflow only after its last request ended.
+        busy = {x.admission.request.workflow_id for x in self.live}
+        if workflow not in self.active or workflow in busy:
+            return
+        self.kv.on_workflow_terminated(workflow)
+        self.active.discard(workflow)
+        self.forecasts.pop(workflow, None)
+
+    @precondition(lambda self: self.active)
+    @rule(
+        workflow=st.sampled_from(WORKFLOWS),
+        weights=st.lists(
+            st.lists(st.integers(0, 4), min_size=len(AGENTS) + 1, max_size=len(AGENTS) + 1),
+            min_size=1,
+            max_size=3,
+        ),
+    )
+    def forecast(self, workflow, weights):
+        if workflow not in self.active:
+            return
+        rows = np.array(weights, dtype=float) + np.array([0.0] * len(AGENTS) + [1e-3])
+        rows /= rows.sum(axis=1, keepdims=True)
+        refreshed = self.kv.on_forecast(workflow, rows, AGENTS)
+        if self.kv.policy.uses_forecasts:
+            assert refreshed == len(self.kv.scores.nodes_of(workflow))
+            self.forecasts[workflow] = rows
+        else:
+            assert refreshed == 0
+
+    @rule(step_s=st.sampled_from([0.1, 0.2, 0.5]))
+    def prefetch(self, step_s):
+        retired_gpu = sum(n.num_blocks for n in self.kv.tree.nodes() if n.on_gpu and n.retired)
+        free_before = self.kv.tree.gpu.num_free
+        evicted_active = self.kv.tree.counters.evicted_active_blocks
+        loads = self.kv.plan_prefetch(step_s)
+        budget = int(self.kv.config.bandwidth_bytes_per_s * step_s / self.kv.config.bytes_per_block)
+        issued = sum(load.num_blocks for load in loads)
+        assert issued <= min(budget, free_before + retired_gpu)
+        assert self.kv.tree.counters.evicted_active_blocks == evicted_active
+        for load in loads:
+            assert load.prefetch
+        self._track(loads)
+
+    @rule(tier=st.sampled_from(["gpu", "host"]), n=st.integers(1, 6))
+    def evict(self, tier, n):
+        cached = self.kv.tree.cached_blocks(tier)
+        freed = self.kv.tree.evict(tier, n)
+        assert 0 <= freed <= cached
+
+    # -- invariants -------------------------------------------------------------------
+
+    @invariant()
+    def integrity(self):
+        self.kv.check_integrity()
+
+    @invariant()
+    def leased_prefixes_stay_cached(self):
+        for live in self.live:
+            adm = live.admission
+            node, keys = adm.lease.node, []
+            while not node.is_root:
+                parent = node.parent
+                assert parent.children.get(node.keys[0]) is node, f"{node} left the tree"
+                assert node.on_gpu or node.on_host
+                keys[:0] = node.keys
+                node = parent
+            assert node is self.kv.tree.root(adm.request.namespace)
+            done = live.prompt + live.output if live.stage == 2 else live.prompt
+            assert keys == self._keys(done)[: adm.committed_blocks]
+
+    @invariant()
+    def hits_never_exceed_prompts(self):
+        s = self.kv.statistics()
+        assert s.cached_gpu_tokens + s.cached_host_tokens <= s.prompt_tokens
+        assert s.computed_tokens >= 0
+
+    @invariant()
+    def scores_match_forecasts(self):
+        if not hasattr(self, "kv"):
+            return
+        for node in self.kv.tree.nodes():
+            assert set(node.accessors) <= self.active
+            if node.accessors:
+                assert not node.retired
+            if node.retired:
+                assert node.score == 0.0
+            if not self.kv.policy.uses_forecasts:
+                continue
+            expected = sum(
+                _weight(self.forecasts[w], a)
+                for w, agents in node.accessors.items()
+                if w in self.forecasts
+                for a in agents
+            )
+            assert abs(node.score - expected) < 1e-9, (node, expected)
+
+
+def _weight(forecast, agent):
+    """``u_w[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]``, computed step by step."""
+    col = AGENTS.index(agent)
+    total, alive = 0.0, 1.0
+    for k, row in enumerate(forecast):
+        total += GAMMA**k * alive * row[col]
+        alive *= 1.0 - row[-1]
+    return total
+
+
+KVManagerMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestKVManagerMachine = KVManagerMachine.TestCase
