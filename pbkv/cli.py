@@ -1,4 +1,4 @@
-"""The ``pbkv`` command: ``pbkv bench`` compares cache policies on one workload."""
+"""The pbkv command line: `pbkv bench` compares cache policies on one workload."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +24,7 @@ def _positive_int(text: str) -> int:
 def _policies(text: str) -> tuple[str, ...]:
     from pbkv.kvmanager import POLICIES
 
-    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
@@ -84,9 +85,21 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_bench)
 
 
+def _check_writable(path: str | None) -> None:
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir() or Path(path).is_dir():
+        raise ValueError(f"--json {path}: not a writable file path (folder {parent} missing?)")
+
+
 def _run_bench(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.compare import BenchConfig, compare_policies
     from pbkv.bench.report import comparison_table, write_json
+
+    _check_writable(args.json_path)
+    if args.host_kv_tokens is not None and args.host_kv_tokens < 0:
+        raise ValueError(f"--host-kv-tokens must be >= 0, got {args.host_kv_tokens}")
 
     config = BenchConfig(
         app=args.app,
@@ -124,6 +137,10 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
     if args.json_path:
         write_json(args.json_path, config, gpu_tokens, results)
         console.print(f"wrote {args.json_path}")
+    failed = sum(r.failed_workflows for r in results)
+    if failed:
+        console.print(f"[red]{failed} workflows failed[/red] (see the warnings above)")
+        return 1
     return 0
 
 
@@ -140,12 +157,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    # Piped output would be cut to 80 columns; the comparison table needs about 130.
-    console = Console() if sys.stdout.isatty() else Console(width=140)
+    # Piped output would be cut to 80 columns; the comparison table needs about 150.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     try:
         return args.run(args, console)
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except (ValueError, OSError) as exc:
+        Console(stderr=True, width=console.width).print(
+            f"[red]pbkv: error:[/red] {exc}", soft_wrap=True
+        )
         return 2
 
 

@@ -71,6 +71,7 @@ class PolicyResult:
     policy: str
     predictor: str
     workflows: int
+    failed_workflows: int
     mean_latency_s: float
     p50_latency_s: float
     p99_latency_s: float
@@ -98,7 +99,8 @@ def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
             longest[s.agent] = max(longest.get(s.agent, 0), s.prompt_tokens + s.output_tokens)
         preamble = len(wf.steps[0].segments[0].token_ids) if wf.steps else 0
         per_workflow.append(sum(longest.values()) - preamble * (len(longest) - 1))
-    return int(0.5 * concurrency * float(np.median(per_workflow)))
+    slots = min(concurrency, len(per_workflow))
+    return int(0.5 * slots * float(np.median(per_workflow)))
 
 
 def run_policy(
@@ -163,13 +165,14 @@ def _summarise(
     wall_s: float,
     timeline: list[tuple[float, float]],
 ) -> PolicyResult:
-    latencies = np.array([o.latency_s for o in outcomes])
+    latencies = np.array([o.latency_s for o in outcomes if o.reason != "error"] or [np.nan])
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
     makespan = max(o.end_s for o in outcomes) - min(o.start_s for o in outcomes)
     return PolicyResult(
         policy=policy,
         predictor=config.predictor if get_policy(policy).uses_forecasts else "-",
         workflows=len(outcomes),
+        failed_workflows=sum(o.reason == "error" for o in outcomes),
         mean_latency_s=float(latencies.mean()),
         p50_latency_s=float(np.percentile(latencies, 50)),
         p99_latency_s=float(np.percentile(latencies, 99)),
@@ -183,6 +186,15 @@ def _summarise(
         wall_s=wall_s,
         hit_timeline=tuple(timeline),
     )
+
+
+def _check_fits(workload: Sequence[Workflow], gpu_kv_tokens: int, block_size: int) -> None:
+    largest = max((s.prompt_tokens + s.output_tokens for w in workload for s in w.steps), default=0)
+    if -(-largest // block_size) * block_size > gpu_kv_tokens:
+        raise ValueError(
+            f"GPU KV capacity of {gpu_kv_tokens:,} tokens cannot hold the workload's largest "
+            f"request ({largest:,} prompt + output tokens); raise --gpu-kv-tokens"
+        )
 
 
 def build_forecasters(
@@ -227,6 +239,7 @@ def compare_policies(
     gpu_tokens = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     gpu_tokens = min(gpu_tokens, cost.gpu_kv_capacity_tokens)
+    _check_fits(workload, gpu_tokens, config.block_size)
     results = []
     for policy in config.policies:
         callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))

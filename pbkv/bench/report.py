@@ -49,6 +49,7 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
             f"{r.recomputed_tokens:,}",
             f"{ratio(base.mean_latency_s, r.mean_latency_s):.3f}x",
             f"{ratio(r.gpu_hit_rate, base.gpu_hit_rate):.3f}x",
+            str(r.failed_workflows),
         )
     return table
 
@@ -68,7 +69,6 @@ def write_json(
                     if f not in ("kv", "hit_timeline")
                 },
                 "kv": r.kv,
-                "gpu_hit_rate_kv": r.kv.gpu_hit_rate,
                 "hit_timeline": r.hit_timeline,
             }
             for r in results

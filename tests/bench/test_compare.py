@@ -85,4 +85,4 @@ def test_cli_rejects_unknown_names(capsys):
         main(["bench", "--policies", "lru,nope"])
     assert "known: lru, lae, he, pbkv" in capsys.readouterr().err
     assert main(["bench", "--app", "nope", "--workflows", "2"]) == 2
-    assert "known apps" in capsys.readouterr().out
+    assert "known apps" in capsys.readouterr().err
