@@ -35,6 +35,8 @@ class BlockPool:
         Raises:
             ValueError: fewer than ``n`` blocks are free (check with :meth:`can_allocate`).
         """
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of blocks ({n})")
         if n > len(self._free):
             raise ValueError(f"cannot allocate {n} blocks: {len(self._free)} free")
         if n == 0:

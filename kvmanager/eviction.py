@@ -43,9 +43,11 @@ class EvictionIndex:
 
         Mutates: pushes a fresh entry; the node's older entries become stale.
         """
-        version = self._version.get(node.serial, 0) + 1
+        # A fresh global number, never reused: a per-node count restarting after
+        # remove() would let an old heap entry pass as current.
+        version = next(self._seq)
         self._version[node.serial] = version
-        heapq.heappush(self._heap, (self._priority(node), next(self._seq), version, node))
+        heapq.heappush(self._heap, (self._priority(node), version, version, node))
         if len(self._heap) > 4 * len(self._version) + 1024:
             self._compact()
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
-from pbkv.kvmanager.radix import Lease, LoadTransfer, RadixTree
+from pbkv.kvmanager.radix import Lease, LoadTransfer, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
 
@@ -131,6 +131,15 @@ class KVManager:
         self.tree.hooks.on_remove = self.scores.on_remove
         self._counters = _Counters()
 
+    def set_demote_hook(self, hook: Callable[[Node, list[int], list[int]], None] | None) -> None:
+        """Have ``hook(node, gpu_blocks, host_blocks)`` copy each demoted GPU copy to the host.
+
+        An owned-cache engine that keeps real KV installs it once (see
+        :attr:`~pbkv.kvmanager.radix.TreeHooks.on_demote` for when it runs); ``None``
+        restores the no-op default (engines without tensors, such as ``sim``).
+        """
+        self.tree.hooks.on_demote = hook if hook is not None else TreeHooks().on_demote
+
     # -- admission (engine scheduler step) -----------------------------------------
 
     def blocks_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
@@ -153,6 +162,11 @@ class KVManager:
         Mutates: the tree (match splits, leases, evictions, loads), statistics.
         """
         total = self.blocks_needed(request.prompt_tokens, request.max_new_tokens)
+        if len(request.keys) > request.prompt_tokens // self.config.block_size:
+            raise ValueError(
+                f"{len(request.keys)} block keys for a {request.prompt_tokens}-token prompt "
+                f"(block size {self.config.block_size})"
+            )
         if total > self.config.gpu_capacity_blocks:
             raise ValueError(
                 f"request needs {total} GPU blocks; the tier holds "
@@ -189,6 +203,11 @@ class KVManager:
     def _make_gpu_room(self, need_blocks: int) -> bool:
         short = need_blocks - self.tree.gpu.num_free
         if short > 0:
+            # Evict only if it can succeed: a request that will be rejected anyway must not
+            # flush the cache on every scheduler step while it waits.
+            unleased = self.tree.cached_blocks("gpu") - self.tree.leased_blocks("gpu")
+            if unleased < short:
+                return False
             self.tree.evict("gpu", short)
         return self.tree.can_allocate("gpu", need_blocks)
 
@@ -215,6 +234,7 @@ class KVManager:
                 node.prefetched = False
             elif node.loading and (load := self.tree.load_of(node)) is not None and load.prefetch:
                 c.prefetch_used_blocks += node.num_blocks
+                load.prefetch = False  # counted once: it lands as ordinary, used cache
 
     def _touch(self, path: Sequence[Node], request: AdmitRequest) -> None:
         now = self.tree.clock()
@@ -296,15 +316,19 @@ class KVManager:
         if self.policy.prefetch == "none" or self.config.bytes_per_block <= 0:
             return []
         budget = int(self.config.bandwidth_bytes_per_s * step_s / self.config.bytes_per_block)
+        if budget <= 0:
+            return []
         loads: list[LoadTransfer] = []
         values = ((self.scores.next_step_value(n), n) for n in self._prefetch_frontier())
         heap = [(-v, n.serial, n) for v, n in values if v > 0]
         heapq.heapify(heap)
         while heap and budget > 0:
             _, _, node = heapq.heappop(heap)
+            if not node.on_host or node.on_gpu or node.loading:
+                continue  # dropped or loaded while room was made for an earlier candidate
             if node.num_blocks > budget:
                 node = self.tree.split(node, budget)
-            if not self._make_prefetch_room(node.num_blocks):
+            if not self._make_prefetch_room(node):
                 break
             loads.append(self.tree.begin_load([node], prefetch=True))
             budget -= node.num_blocks
@@ -326,11 +350,15 @@ class KVManager:
                     frontier.add(node)
         return frontier
 
-    def _make_prefetch_room(self, need_blocks: int) -> bool:
-        short = need_blocks - self.tree.gpu.num_free
+    def _make_prefetch_room(self, node: Node) -> bool:
+        short = node.num_blocks - self.tree.gpu.num_free
         if short > 0:
+            # Lease the candidate: demoting retired cache may need host room, and must not
+            # take it by dropping the very host copy about to be loaded.
+            lease = self.tree.lock(node)
             self.tree.evict("gpu", short, retired_only=True)
-        return self.tree.can_allocate("gpu", need_blocks)
+            self.tree.unlock(lease)
+        return self.tree.can_allocate("gpu", node.num_blocks)
 
     # -- lifecycle (from the KV-manager actor) ---------------------------------------
 

@@ -89,10 +89,20 @@ class TreeCounters:
 
 @dataclass(slots=True)
 class TreeHooks:
-    """Callbacks the score board uses to keep its per-workflow node sets exact."""
+    """Callbacks into the tree's owners.
+
+    Attributes:
+        on_split / on_remove: keep the score board's per-workflow node sets exact.
+        on_demote: ``(node, gpu_blocks, host_blocks)``: a GPU copy is being demoted into
+            newly allocated host blocks; an owned-cache engine copies device → host here.
+            Called before the GPU blocks are freed: they may be reallocated as soon as it
+            returns, so the copy must be done, or ordered before any reuse, by then. Not
+            called when the node already has a host copy, nor when it is dropped.
+    """
 
     on_split: Callable[[Node, Node], None] = lambda old, top: None
     on_remove: Callable[[Node], None] = lambda node: None
+    on_demote: Callable[[Node, list[int], list[int]], None] = lambda node, gpu, host: None
 
 
 class RadixTree:
@@ -134,6 +144,7 @@ class RadixTree:
         self._cached = {"gpu": 0, "host": 0}
         self._leases: set[Lease] = set()
         self._loads: dict[int, LoadTransfer] = {}
+        self._priority = priority
         self._index = {
             "gpu": EvictionIndex(priority, self._gpu_candidate),
             "host": EvictionIndex(priority, self._host_candidate),
@@ -164,6 +175,19 @@ class RadixTree:
                 out.append(node)
             stack.extend(node.children.values())
         return out
+
+    def leased_blocks(self, tier: Tier) -> int:
+        """Return the blocks of ``tier`` held by leased nodes (not evictable now)."""
+        seen: set[int] = set()
+        total = 0
+        for lease in self._leases:
+            walk: Node | None = lease.node
+            while walk is not None and not walk.is_root and walk.serial not in seen:
+                seen.add(walk.serial)
+                blocks = _blocks(walk, tier)
+                total += len(blocks) if blocks is not None else 0
+                walk = walk.parent
+        return total
 
     def load_of(self, node: Node) -> LoadTransfer | None:
         """Return the in-flight load that will bring ``node`` to the GPU, if any."""
@@ -248,7 +272,7 @@ class RadixTree:
         must already be cached (a request's matched, leased prefix). Blocks already
         cached on the GPU are duplicates and are freed; a host-only node on the path
         adopts the new GPU copy (it becomes ``gpu+host``) when its parent is on the
-        GPU; the rest becomes a new leaf.
+        GPU, even while a load of it is in flight; the rest becomes a new leaf.
 
         Args:
             keys: block keys of the whole sequence.
@@ -278,6 +302,8 @@ class RadixTree:
                 i = len(keys)
             else:
                 common = _common_prefix(child.keys, keys, i)
+                if i < skip and not child.on_gpu:
+                    raise ValueError(f"block {i} of the sequence is not on the GPU; load it first")
                 if i < skip < i + common:
                     common = skip - i
                 if common < child.num_blocks:
@@ -293,8 +319,11 @@ class RadixTree:
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
     def _adopt_or_free(self, node: Node, blocks: list[int]) -> None:
+        # A node with a load in flight adopts too (the load's copy is discarded when it
+        # lands): leaving it host-only would put the rest of the sequence on the GPU
+        # below a non-GPU node, a gap.
         parent_on_gpu = node.parent is None or node.parent.is_root or node.parent.on_gpu
-        if node.on_gpu or node.loading or not parent_on_gpu:
+        if node.on_gpu or not parent_on_gpu:
             self.free_private("gpu", blocks)
             return
         node.gpu_blocks = list(blocks)
@@ -353,7 +382,14 @@ class RadixTree:
 
     # -- eviction ----------------------------------------------------------------
 
-    def evict(self, tier: Tier, num_blocks: int, *, retired_only: bool = False) -> int:
+    def evict(
+        self,
+        tier: Tier,
+        num_blocks: int,
+        *,
+        retired_only: bool = False,
+        below: Priority | None = None,
+    ) -> int:
         """Free at least ``num_blocks`` blocks of ``tier`` in the policy's order.
 
         A node larger than the remaining need is split and only its tail evicted.
@@ -363,6 +399,8 @@ class RadixTree:
             num_blocks: blocks wanted.
             retired_only: stop at the first candidate that is not retired (for
                 conservative prefetch, which never displaces active cache).
+            below: stop at the first candidate whose priority is not below this (a
+                demotion never pushes out host cache the policy ranks higher).
 
         Returns:
             Blocks actually freed (less than asked when every other block is leased).
@@ -375,7 +413,9 @@ class RadixTree:
             node = index.pop_min()
             if node is None:
                 break
-            if retired_only and not node.retired:
+            if (retired_only and not node.retired) or (
+                below is not None and self._priority(node) >= below
+            ):
                 index.update(node)
                 break
             need = num_blocks - freed
@@ -395,10 +435,11 @@ class RadixTree:
         if node.prefetched:
             self.counters.prefetch_wasted_blocks += n
             node.prefetched = False
-        if not node.on_host and self._make_host_room(n):
+        if not node.on_host and self._make_host_room(n, self._priority(node)):
             node.host_blocks = self.host.allocate(n)
             self._cached["host"] += n
             self.counters.d2h_blocks += n
+            self.hooks.on_demote(node, blocks, node.host_blocks)
         if node.on_host:
             self.counters.demoted_blocks += n
             self._release(node, "gpu")
@@ -407,12 +448,12 @@ class RadixTree:
             self._drop(node)
         return n
 
-    def _make_host_room(self, n: int) -> bool:
+    def _make_host_room(self, n: int, ceiling: Priority) -> bool:
         if self.host.capacity_blocks < n:
             return False
         short = n - self.host.num_free
         if short > 0:
-            self.evict("host", short)
+            self.evict("host", short, below=ceiling)
         return self.host.can_allocate(n)
 
     def _evict_host(self, node: Node) -> int:
@@ -493,26 +534,28 @@ class RadixTree:
 
     def complete_load(self, load: LoadTransfer, *, ok: bool) -> None:
         """Finish a load: on success the nodes become ``gpu+host``; on failure nothing
-        becomes resident and the destination blocks are freed.
+        becomes resident and the destination blocks are freed (as they are for a node
+        that adopted a computed copy while the load was in flight).
 
-        Raises:
-            RuntimeError: loads completed out of issue order (the chain's parent is not
-                yet on the GPU).
+        A chain whose parent is not on the GPU when it lands (the parent's load failed)
+        fails as well, so no gap is ever made resident.
         """
         first_parent = load.nodes[0].parent
         if ok and first_parent is not None and not first_parent.is_root and not first_parent.on_gpu:
-            raise RuntimeError("loads must complete in issue order: parent not on the GPU yet")
+            # the parent's own load failed (or has not landed): marking this chain resident
+            # would leave a gap, so it fails too and is reloaded or recomputed later
+            ok = False
         for node, blocks in zip(load.nodes, load.gpu_blocks, strict=True):
             node.loading = False
             del self._loads[node.serial]
-            if ok:
+            if ok and not node.on_gpu:
                 node.gpu_blocks = blocks
                 self._private["gpu"] -= len(blocks)
                 self._cached["gpu"] += len(blocks)
                 node.prefetched = load.prefetch
                 self.counters.h2d_blocks += len(blocks)
                 self.reprioritize(node)
-            else:
+            else:  # failed, or a computed copy was adopted while in flight (insert)
                 self.free_private("gpu", blocks)
         self.unlock(load.lease)
 

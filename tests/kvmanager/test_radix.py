@@ -93,17 +93,29 @@ def test_dropping_a_parent_removes_host_children_no_gap(clock):
     tree = make_tree(clock, gpu=8, host=2)
     put(tree, [1, 2])
     clock.advance()
-    put(tree, [1, 2, 3, 4])  # child [3,4]
-    tree.evict("gpu", 2)  # child demoted to host (host now full)
+    put(tree, [1, 2, 3, 4])  # child [3,4], both touched at t=1
+    tree.evict("gpu", 2)  # child [3,4] demoted to host: host now full
     clock.advance()
     put(tree, [7, 8])
-    tree.evict(
-        "gpu", 2
-    )  # parent [1,2]: host full of its own child -> host evicts child, then demotes
+    # parent [1,2] is next; the host's only entry ranks no lower, so no host room is
+    # taken from it: the parent is dropped, and its host-only child with it
+    tree.evict("gpu", 2)
     m = tree.match_prefix([1, 2, 3, 4])
-    # the host copy of [3,4] was dropped to make room, so [1,2] is matched on the host only
-    assert (m.gpu_blocks, m.host_blocks) == (0, 2)
-    assert [n.keys for n in m.path] == [[1, 2]]
+    assert (m.gpu_blocks, m.host_blocks) == (0, 0)
+    assert [n.keys for n in tree.nodes()] == [[7, 8]]
+    assert tree.counters.dropped_blocks == 4
+    tree.check_integrity()
+
+
+def test_demotion_takes_host_room_only_from_lower_ranked_cache(clock):
+    tree = make_tree(clock, gpu=8, host=2)
+    put(tree, [1, 2])
+    tree.evict("gpu", 2)  # [1,2] on host, last used t=0
+    clock.advance()
+    put(tree, [5, 6])
+    tree.evict("gpu", 2)  # [5,6] (t=1) outranks [1,2] (t=0) under LRU: [1,2] makes room
+    assert tree.match_prefix([5, 6]).host_blocks == 2
+    assert tree.match_prefix([1, 2]).host_blocks == 0
     tree.check_integrity()
 
 

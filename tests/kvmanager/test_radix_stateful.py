@@ -14,8 +14,11 @@ from .conftest import FakeClock
 
 AGENTS = ("a", "b", "c")
 WORKFLOWS = ("w0", "w1", "w2")
-ALPHABET = st.integers(min_value=0, max_value=2)  # few symbols: prefixes collide often
+ALPHABET = st.integers(min_value=0, max_value=1)  # few symbols: prefixes collide often
 GAMMA = 0.8
+PROMPTS = st.lists(ALPHABET, min_size=1, max_size=6)
+OUTPUTS = st.lists(ALPHABET, min_size=1, max_size=3)
+WORKFLOW = st.sampled_from((*WORKFLOWS, None))
 
 
 @dataclass(eq=False)
@@ -33,8 +36,8 @@ class KVManagerMachine(RuleBasedStateMachine):
     @initialize(
         policy=st.sampled_from(["lru", "lae", "he", "pbkv"]),
         block_size=st.integers(1, 2),
-        gpu=st.integers(4, 12),
-        host=st.sampled_from([0, 3, 6, 12]),
+        gpu=st.integers(6, 16),
+        host=st.sampled_from([0, 2, 3, 4, 8]),
     )
     def setup(self, policy, block_size, gpu, host):
         self.clock = FakeClock()
@@ -50,7 +53,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.kv = KVManager(cfg, self.clock)
         self.live: list[Live] = []
         self.pending: list[LoadTransfer] = []  # in issue order
-        self.load_ok: dict[int, bool] = {}  # id(load) -> outcome, once completed
+        self.load_ok: dict[LoadTransfer, bool] = {}  # outcome, once completed
         self.active: set[str] = set()
         self.forecasts: dict[str, np.ndarray] = {}
 
@@ -61,23 +64,17 @@ class KVManagerMachine(RuleBasedStateMachine):
 
     def _track(self, loads):
         for load in loads:
-            if all(load is not p for p in self.pending) and id(load) not in self.load_ok:
+            if all(load is not p for p in self.pending) and load not in self.load_ok:
                 self.pending.append(load)
 
     def _ready(self, live):
-        return all(self.load_ok.get(id(load)) is True for load in live.loads)
+        return all(self.load_ok.get(load) is True for load in live.loads)
 
     # -- rules ------------------------------------------------------------------------
 
-    @rule(
-        prompt=st.lists(ALPHABET, min_size=1, max_size=10),
-        output=st.lists(ALPHABET, min_size=1, max_size=3),
-        workflow=st.sampled_from((*WORKFLOWS, None)),
-        agent=st.sampled_from(AGENTS),
-    )
-    def admit(self, prompt, output, workflow, agent):
+    def _admit(self, prompt, output, workflow, agent):
         if workflow is not None and workflow not in self.active:
-            workflow = None
+            self.start_workflow(workflow)  # the actor sends WorkflowStarted first
         self.clock.advance()
         keys = self._keys(prompt)
         req = AdmitRequest(keys, len(prompt), len(output), workflow, agent if workflow else "")
@@ -86,38 +83,72 @@ class KVManagerMachine(RuleBasedStateMachine):
             try:
                 self.kv.try_admit(req)
             except ValueError:
-                return
+                return None
             raise AssertionError("an oversized request was admitted")
         adm = self.kv.try_admit(req)
         if adm is None:
-            return
+            return None
         assert adm.cached_gpu_tokens + adm.cached_host_tokens <= len(prompt)
         assert adm.cached_gpu_tokens % self.kv.config.block_size == 0
         assert adm.computed_tokens >= 0
         assert len(adm.private_blocks) == needed - adm.matched_blocks
         self._track(adm.loads)
-        self.live.append(Live(adm, prompt, output, loads=list(adm.loads)))
+        live = Live(adm, prompt, output, loads=list(adm.loads))
+        self.live.append(live)
+        return live
+
+    @precondition(lambda self: len(self.live) < 3)
+    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=st.sampled_from(AGENTS))
+    def admit(self, prompt, output, workflow, agent):
+        self._admit(prompt, output, workflow, agent)
+
+    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=st.sampled_from(AGENTS))
+    def serve(self, prompt, output, workflow, agent):
+        """A whole request as an engine runs it: admit, load, commit twice, release."""
+        live = self._admit(prompt, output, workflow, agent)
+        if live is None:
+            return
+        waiting = [load for load in live.loads if load not in self.load_ok]
+        while ready := [load for load in waiting if _parent_ready(load)]:
+            self._complete(ready[0], True)
+            waiting.remove(ready[0])
+        if not self._ready(live):  # a load of its chain had failed: the request fails
+            self.live.remove(live)
+            self.kv.release(live.admission)
+            return
+        self.kv.commit(live.admission, self._keys(prompt))
+        self.kv.commit(live.admission, self._keys(prompt + output))
+        self.live.remove(live)
+        self.kv.release(live.admission)
 
     @precondition(lambda self: self.pending)
     @rule(index=st.integers(0, 100), ok=st.booleans())
     def complete_load(self, index, ok):
         load = self.pending[index % len(self.pending)]
-        first_parent = load.nodes[0].parent
-        parent_ready = first_parent is None or first_parent.is_root or first_parent.on_gpu
-        if ok and not parent_ready:
+        if ok and not _parent_ready(load):
             # an earlier load of the chain failed or is still in flight
             try:
                 self.kv.complete_load(load, ok=True)
             except RuntimeError:
                 return
             raise AssertionError("a load completed before its parent reached the GPU")
+        self._complete(load, ok)
+
+    def _complete(self, load, ok):
+        adopted = [node.on_gpu for node in load.nodes]  # a commit adopted its computed copy
+        private = self.kv.tree.private_blocks("gpu")
         self.kv.complete_load(load, ok=ok)
         self.pending.remove(load)
-        self.load_ok[id(load)] = ok
-        for node in load.nodes:
-            assert not node.loading
-            assert node.on_gpu == ok, "a failed load marked a node GPU-resident"
-            assert node.on_host
+        self.load_ok[load] = ok
+        for node, blocks, was_on_gpu in zip(load.nodes, load.gpu_blocks, adopted, strict=True):
+            assert not node.loading and node.on_host
+            assert node.on_gpu == (ok or was_on_gpu), "a failed load marked a node GPU-resident"
+            if ok and not was_on_gpu:
+                assert node.gpu_blocks == blocks
+            else:
+                assert not set(blocks) & set(node.gpu_blocks or [])
+        # every destination block was cached or freed
+        assert self.kv.tree.private_blocks("gpu") == private - load.num_blocks
 
     @precondition(lambda self: any(x.stage == 0 and self._ready(x) for x in self.live))
     @rule(index=st.integers(0, 100))
@@ -247,6 +278,11 @@ class KVManagerMachine(RuleBasedStateMachine):
                 for a in agents
             )
             assert abs(node.score - expected) < 1e-9, (node, expected)
+
+
+def _parent_ready(load):
+    parent = load.nodes[0].parent
+    return parent is None or parent.is_root or parent.on_gpu
 
 
 def _weight(forecast, agent):
