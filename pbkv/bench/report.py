@@ -35,6 +35,7 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
         "recomputed tok",
         "speedup",
         "GPU hit ratio",
+        "failed",
     ):
         table.add_column(name, justify="left" if name in ("policy", "predictor") else "right")
     for r in results:
