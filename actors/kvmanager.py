@@ -81,7 +81,8 @@ class KVManagerActor(Actor):
                 self.kv.on_workflow_started(w)
             case AgentInvoked(workflow_id=w, step=step, agent=agent):
                 view = self._workflows[w]
-                view.path.append(agent)
+                if step != view.step:  # a retry repeats its step: the path has it already
+                    view.path.append(agent)
                 view.step = step
                 self._request_forecast(w, view, None)
             case PrefillDone(workflow_id=w, hidden=hidden) if hidden is not None:

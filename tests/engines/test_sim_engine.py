@@ -1,0 +1,252 @@
+"""The virtual-time engine: exact timings from the cost model, prefix hits, host reloads,
+prefetch, batching, failures and determinism (§7.1)."""
+
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from pbkv.engines.base import EngineError, GenerateRequest
+from pbkv.engines.sim.costmodel import CostModel
+from pbkv.engines.sim.engine import SimConfig, SimEngine
+from pbkv.engines.sim.profile import load_hardware, load_model
+from pbkv.kvmanager import KVConfig, KVManager
+from pbkv.runtime import seed_scheduler
+
+BS = 16
+PROMPT = 500  # compute-bound on this testbed, so a prefix hit shortens the prefill
+COST = CostModel(load_hardware("a6000-tp2"), load_model("qwen3-32b"))
+BYTES_PER_BLOCK = COST.kv_bytes_per_token * BS
+
+
+def make_engine(*, policy="lru", gpu_blocks=80, host_blocks=256, **sim) -> SimEngine:
+    kv = KVManager(
+        KVConfig(
+            block_size=BS,
+            gpu_capacity_blocks=gpu_blocks,
+            host_capacity_blocks=host_blocks,
+            bytes_per_block=BYTES_PER_BLOCK,
+            policy=policy,
+            bandwidth_bytes_per_s=COST.bandwidth_bytes_per_s,
+        ),
+        trio.current_time,
+    )
+    return SimEngine(kv, COST, SimConfig(check_integrity=True, **sim))
+
+
+@asynccontextmanager
+async def running(engine: SimEngine):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        yield engine
+        nursery.cancel_scope.cancel()
+
+
+def prompt(base: int, n: int = PROMPT) -> tuple[int, ...]:
+    return tuple(range(base, base + n))
+
+
+def request(rid, tokens, max_new_tokens=5, workflow=None, agent="") -> GenerateRequest:
+    return GenerateRequest(
+        request_id=rid,
+        workflow_id=workflow,
+        agent=agent,
+        prompt_token_ids=tokens,
+        max_new_tokens=max_new_tokens,
+        scripted_output_token_ids=(7, 8),
+    )
+
+
+def decode_s(prompt_tokens: int, max_new_tokens: int) -> float:
+    """Decode steps after the first token: the context grows by one token each step."""
+    return sum(COST.decode_step_s(1, prompt_tokens + g) for g in range(1, max_new_tokens))
+
+
+def assert_no_leases(engine: SimEngine) -> None:
+    engine.kv.check_integrity()
+    assert engine.kv.tree.private_blocks("gpu") == 0
+    assert all(n.lock_count == 0 for n in engine.kv.tree.nodes())
+
+
+async def test_one_request_costs_one_prefill_then_decode_steps(autojump_clock):
+    engine = make_engine()
+    async with running(engine):
+        t0 = trio.current_time()
+        r = await engine.generate(request("a", prompt(0, 100), max_new_tokens=5))
+        assert trio.current_time() - t0 == pytest.approx(r.e2e_s, rel=1e-12)
+    assert r.output_token_ids == (7, 8, 0, 0, 0)
+    assert (r.prompt_tokens, r.cached_gpu_tokens, r.cached_host_tokens, r.computed_tokens) == (
+        100,
+        0,
+        0,
+        100,
+    )
+    assert r.queue_s == 0.0
+    assert r.ttft_s == pytest.approx(COST.prefill_s(100, 0), rel=1e-12)
+    assert r.e2e_s == pytest.approx(r.ttft_s + decode_s(100, 5), rel=1e-12)
+    stats = engine.statistics()
+    assert (stats.steps, stats.prefill_tokens, stats.decode_tokens) == (5, 100, 4)
+    assert stats.busy_s == pytest.approx(r.e2e_s, rel=1e-12)
+    assert_no_leases(engine)
+
+
+async def test_chunked_prefill_splits_the_prompt_over_steps(autojump_clock):
+    engine = make_engine(max_prefill_tokens=256)
+    async with running(engine):
+        r = await engine.generate(request("a", prompt(0), max_new_tokens=1))
+    expected = COST.prefill_s(256, 0) + COST.prefill_s(PROMPT - 256, 256)
+    assert r.ttft_s == pytest.approx(expected, rel=1e-12)
+    assert r.e2e_s == r.ttft_s  # one output token: done at the first token
+    assert engine.statistics().steps == 2
+
+
+async def test_identical_request_hits_the_gpu_prefix(autojump_clock):
+    engine = make_engine()
+    async with running(engine):
+        first = await engine.generate(request("a", prompt(0)))
+        second = await engine.generate(request("b", prompt(0)))
+    hit = PROMPT // BS * BS  # 496: the partial tail block is never cached
+    assert (first.cached_gpu_tokens, first.computed_tokens) == (0, PROMPT)
+    assert (second.cached_gpu_tokens, second.cached_host_tokens) == (hit, 0)
+    assert second.computed_tokens == PROMPT - hit
+    assert second.ttft_s == pytest.approx(COST.prefill_s(PROMPT - hit, hit), rel=1e-12)
+    assert second.ttft_s < first.ttft_s / 3
+    assert second.e2e_s == pytest.approx(second.ttft_s + decode_s(PROMPT, 5), rel=1e-12)
+    kv = engine.kv.statistics()
+    assert (kv.requests, kv.prompt_tokens, kv.cached_gpu_tokens) == (2, 2 * PROMPT, hit)
+    assert_no_leases(engine)
+
+
+async def test_host_hit_reloads_and_pays_the_transfer(autojump_clock):
+    engine = make_engine(gpu_blocks=80)
+    async with running(engine):
+        await engine.generate(request("a", prompt(0)))  # 31 blocks cached (32 at peak)
+        await engine.generate(request("b", prompt(10_000)))
+        await engine.generate(request("c", prompt(20_000)))  # LRU demotes a's last 14 blocks
+        again = await engine.generate(request("a2", prompt(0)))
+    assert (again.cached_gpu_tokens, again.cached_host_tokens) == (17 * BS, 14 * BS)
+    assert again.computed_tokens == PROMPT - 31 * BS
+    transfer_s = COST.transfer_s(14 * BYTES_PER_BLOCK)
+    assert transfer_s > 0
+    expected = transfer_s + COST.prefill_s(PROMPT - 31 * BS, 31 * BS)
+    assert again.ttft_s == pytest.approx(expected, rel=1e-12)
+    kv = engine.kv.statistics()
+    assert kv.h2d_bytes == 14 * BYTES_PER_BLOCK
+    assert kv.demoted_blocks == 28  # a's tail, then b's tail to make room for the reload
+    stats = engine.statistics()
+    assert stats.link_busy_s == pytest.approx(transfer_s, rel=1e-12)
+    assert_no_leases(engine)
+
+
+async def test_request_larger_than_the_gpu_fails_and_the_engine_goes_on(autojump_clock):
+    engine = make_engine(gpu_blocks=8)
+    async with running(engine):
+        with pytest.raises(EngineError, match="needs 32 GPU blocks; the tier holds 8"):
+            await engine.generate(request("big", prompt(0)))
+        ok = await engine.generate(request("small", prompt(0, 50)))
+    assert ok.computed_tokens == 50
+    assert_no_leases(engine)
+
+
+async def test_malformed_requests_are_refused(autojump_clock):
+    engine = make_engine()
+    async with running(engine):
+        with pytest.raises(ValueError, match="empty prompt"):
+            await engine.generate(request("e", ()))
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            await engine.generate(request("z", prompt(0, 10), max_new_tokens=0))
+
+
+async def test_concurrent_requests_share_steps(autojump_clock):
+    solo = COST.prefill_s(PROMPT, 0) + decode_s(PROMPT, 10)
+    engine = make_engine()
+    results = {}
+
+    async def submit(rid, base):
+        results[rid] = await engine.generate(request(rid, prompt(base), max_new_tokens=10))
+
+    async with running(engine):
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submit, "a", 0)
+            nursery.start_soon(submit, "b", 10_000)
+        total_s = trio.current_time() - t0
+    a, b = results["a"], results["b"]
+    both = COST.step_s([(PROMPT, 0), (PROMPT, 0)], 0, 0)
+    assert a.ttft_s == b.ttft_s == pytest.approx(both, rel=1e-12)
+    assert total_s == pytest.approx(a.e2e_s, rel=1e-12) and a.e2e_s == b.e2e_s
+    assert total_s < 2 * solo
+    assert engine.statistics().steps == 10  # one joint prefill step + nine joint decode steps
+    assert_no_leases(engine)
+
+
+async def test_queued_request_waits_for_gpu_room(autojump_clock):
+    engine = make_engine(gpu_blocks=40, host_blocks=0)  # room for one 32-block request
+    results = {}
+
+    async def submit(rid, base):
+        results[rid] = await engine.generate(request(rid, prompt(base), max_new_tokens=3))
+
+    async with running(engine):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submit, "a", 0)
+            await trio.sleep(0.001)
+            nursery.start_soon(submit, "b", 10_000)
+    a, b = results["a"], results["b"]
+    assert a.queue_s == 0.0
+    assert b.queue_s == pytest.approx(a.e2e_s - 0.001, rel=1e-9)
+    assert b.ttft_s == pytest.approx(b.queue_s + COST.prefill_s(PROMPT, 0), rel=1e-9)
+    assert engine.kv.statistics().rejected_admissions == 2  # tried in each of a's decode steps
+    assert_no_leases(engine)
+
+
+async def test_prefetch_in_decode_steps_turns_a_host_hit_into_a_gpu_hit(autojump_clock):
+    engine = make_engine(policy="pbkv")
+    kv = engine.kv
+    kv.on_workflow_started("w")
+    kv.on_forecast("w", np.array([[0.0, 1.0, 0.0]]), ("planner", "coder"))
+    async with running(engine):
+        await engine.generate(request("a", prompt(0), max_new_tokens=1, workflow="w", agent="coder"))
+        assert kv.tree.evict("gpu", 31) == 31  # all of it demoted to the host
+        # a long pure-decode request: its idle steps prefetch the coder's prefix back
+        await engine.generate(request("d", prompt(50_000, 16), max_new_tokens=40))
+        again = await engine.generate(request("a2", prompt(0), workflow="w", agent="coder"))
+    assert (again.cached_gpu_tokens, again.cached_host_tokens) == (31 * BS, 0)
+    assert again.ttft_s == pytest.approx(COST.prefill_s(PROMPT - 31 * BS, 31 * BS), rel=1e-12)
+    s = kv.statistics()
+    assert (s.prefetch_issued_blocks, s.prefetch_used_blocks, s.prefetch_wasted_blocks) == (31, 31, 0)
+    assert engine.statistics().prefetch_steps == 1
+    assert_no_leases(engine)
+
+
+def _workload_figures(seed: int):
+    """Serve a fixed, contended workload in fresh virtual time; return every figure."""
+    seed_scheduler(seed)
+
+    async def main():
+        engine = make_engine(gpu_blocks=90, host_blocks=64)
+        results = {}
+
+        async def submit(i):
+            await trio.sleep(0.01 * (i % 3))
+            shared = prompt(0, 256) + prompt(1_000 * (i % 4) + 5_000, 200)
+            results[i] = await engine.generate(request(f"r{i}", shared, max_new_tokens=3 + i % 5))
+
+        async with running(engine):
+            async with trio.open_nursery() as nursery:
+                for i in range(10):
+                    nursery.start_soon(submit, i)
+        assert_no_leases(engine)
+        return results, engine.statistics(), engine.kv.statistics()
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_same_inputs_give_identical_figures():
+    first = _workload_figures(seed=3)
+    assert _workload_figures(seed=3) == first
+    results, _, kv = first
+    assert len(results) == 10
+    assert kv.cached_gpu_tokens > 0  # the shared preamble is reused

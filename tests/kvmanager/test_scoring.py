@@ -1,0 +1,261 @@
+"""PBKV's score (paper Eq. 2–4): agent weights, incremental refresh, splits (§5.3)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys
+
+from .conftest import FakeClock, make_manager
+from .test_eviction import run
+
+AGENTS = ("planner", "coder", "tester")
+
+
+def reference_weight(forecast, agent, gamma):
+    """``sum_k gamma^(k-1) s^(k) P^(k)[a]`` with ``s^(k) = prod_{j<k} (1 - P^(j)[END])``."""
+    col = AGENTS.index(agent)
+    total, alive = 0.0, 1.0
+    for k, row in enumerate(forecast):
+        total += gamma**k * alive * row[col]
+        alive *= 1.0 - row[-1]
+    return total
+
+
+# -- agent_weights on hand-computed forecasts ---------------------------------------------
+
+
+def test_agent_weights_by_hand():
+    forecast = np.array(
+        [
+            [0.2, 0.5, 0.1, 0.2],
+            [0.0, 0.6, 0.2, 0.2],
+            [0.5, 0.0, 0.0, 0.5],
+        ]
+    )
+    u, next_step = agent_weights(forecast, AGENTS, gamma=0.5)
+    # survival 1, .8, .64; decay 1, .5, .25
+    assert u == pytest.approx({"planner": 0.2 + 0.25 * 0.64 * 0.5, "coder": 0.5 + 0.5 * 0.8 * 0.6,
+                               "tester": 0.1 + 0.5 * 0.8 * 0.2}, abs=1e-12)
+    assert u == pytest.approx({"planner": 0.28, "coder": 0.74, "tester": 0.18}, abs=1e-12)
+    assert next_step == {"planner": 0.2, "coder": 0.5, "tester": 0.1}
+
+
+def test_certain_end_kills_later_steps():
+    forecast = np.array([[0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    u, next_step = agent_weights(forecast, AGENTS, gamma=1.0)
+    assert u == {"planner": 0.0, "coder": 0.0, "tester": 0.0}
+    assert next_step == {"planner": 0.0, "coder": 0.0, "tester": 0.0}
+
+
+def test_no_decay_with_gamma_one_sums_marginals():
+    # step 1: coder .5, END .5; step 2 (alive .5): tester 1 -> marginal .5
+    forecast = np.array([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]])
+    u, _ = agent_weights(forecast, AGENTS, gamma=1.0)
+    assert u == {"planner": 0.0, "coder": 0.5, "tester": 0.5}
+
+
+def test_decay_discounts_later_steps():
+    forecast = np.array([[0.0, 1.0, 0.0, 0.0]] * 3)
+    u, _ = agent_weights(forecast, AGENTS, gamma=0.8)
+    assert u["coder"] == pytest.approx(1 + 0.8 + 0.64, abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (2, 5)])
+def test_agent_weights_rejects_a_shape_that_does_not_fit(shape):
+    with pytest.raises(ValueError, match="does not fit 3 agents"):
+        agent_weights(np.zeros(shape), AGENTS, gamma=0.5)
+
+
+@pytest.mark.parametrize("gamma", [0.0, -0.1, 1.5])
+def test_scoreboard_rejects_gamma_outside_unit_interval(gamma):
+    with pytest.raises(ValueError, match="gamma"):
+        ScoreBoard(lambda node: None, gamma)
+
+
+# -- incremental refresh == recomputation from scratch -----------------------------------
+
+
+class Reference:
+    """An independent model of Score: which (workflow, agent) touched which block."""
+
+    def __init__(self, mgr, gamma):
+        self.mgr = mgr
+        self.gamma = gamma
+        self.touched: dict[int, set[tuple[str, str]]] = {}  # block key -> (w, agent)
+        self.forecasts: dict[str, np.ndarray] = {}
+        self.active: set[str] = set()
+
+    def start(self, w):
+        self.mgr.on_workflow_started(w)
+        self.active.add(w)
+
+    def run(self, clock, tokens, w, agent):
+        self.active.add(w)
+        keys = block_keys(tokens, 1)  # chained: a key names the whole prefix up to it
+        run(self.mgr, clock, keys, w, agent)
+        for key in keys:
+            self.touched.setdefault(key, set()).add((w, agent))
+
+    def forecast(self, w, forecast):
+        self.mgr.on_forecast(w, forecast, AGENTS)
+        self.forecasts[w] = forecast[: self.mgr.config.horizon]
+
+    def terminate(self, w):
+        self.mgr.on_workflow_terminated(w)
+        self.active.discard(w)
+        self.forecasts.pop(w, None)
+        for pairs in self.touched.values():  # a restarted id is a new workflow
+            pairs.difference_update({p for p in pairs if p[0] == w})
+
+    def expected(self, node_keys):
+        """Return ``Score(c)`` and whether ``c`` is retired, from the touches alone."""
+        live = {p for key in node_keys for p in self.touched[key]}
+        score = sum(
+            reference_weight(self.forecasts[w], a, self.gamma) for w, a in live if w in self.forecasts
+        )
+        return score, not live
+
+    def check(self):
+        for node in self.mgr.tree.nodes():
+            score, retired = self.expected(node.keys)
+            assert node.score == pytest.approx(score, abs=1e-9), node
+            assert node.retired == retired, node
+            accessors = {(w, a) for w, agents in node.accessors.items() for a in agents}
+            assert accessors == {p for key in node.keys for p in self.touched[key]}
+        self.mgr.check_integrity()
+
+
+def row(**probs):
+    r = np.array([probs.get(a, 0.0) for a in AGENTS] + [0.0])
+    r[-1] = 1.0 - r.sum()
+    return r
+
+
+def test_incremental_refresh_equals_recomputation(clock):
+    mgr = make_manager(clock, "he", gpu=64, host=0, gamma=0.7)
+    ref = Reference(mgr, 0.7)
+    ref.start("w1")
+    ref.start("w2")
+    ref.forecast("w1", np.array([row(coder=0.6, tester=0.2), row(tester=0.9)]))
+    ref.check()
+    ref.run(clock, [1, 2, 3, 4], "w1", "planner")
+    ref.check()
+    ref.run(clock, [1, 2, 3, 4, 5, 6], "w1", "coder")
+    ref.check()
+    ref.run(clock, [1, 2, 7], "w2", "coder")  # splits [1,2,3,4]: shared [1,2]
+    ref.check()
+    ref.forecast("w2", np.array([row(coder=1.0)]))
+    ref.check()
+    ref.forecast("w1", np.array([row(planner=0.3), row(coder=0.5, tester=0.5)]))  # falls and rises
+    ref.check()
+    ref.run(clock, [1, 2, 3, 4, 5, 6, 8], "w2", "tester")
+    ref.check()
+    ref.terminate("w1")
+    ref.check()
+    assert mgr.tree.match_prefix(block_keys([1, 2, 3, 4], 1)).node.retired is False  # w2 used it
+    ref.forecast("w2", np.array([row(tester=0.4, coder=0.1)]))
+    ref.check()
+    ref.terminate("w2")
+    ref.check()
+    assert all(n.retired and n.score == 0.0 for n in mgr.tree.nodes())
+
+
+def test_forecast_refreshes_only_its_workflows_nodes(clock):
+    mgr = make_manager(clock, "he", gpu=64, host=0)
+    for w in ("w1", "w2"):
+        mgr.on_workflow_started(w)
+    run(mgr, clock, [1, 2], "w1", "coder")
+    run(mgr, clock, [1, 2, 3], "w2", "coder")
+    run(mgr, clock, [9], "w2", "coder")
+    assert mgr.on_forecast("w1", row(coder=1.0)[None, :], AGENTS) == 1  # [1,2] only
+    assert mgr.on_forecast("w2", row(coder=0.5)[None, :], AGENTS) == 3
+    assert mgr.statistics().score_refreshed_nodes == 4
+    assert mgr.tree.match_prefix([1, 2]).node.score == pytest.approx(1.5)
+    assert mgr.tree.match_prefix([1, 2, 3]).node.score == pytest.approx(0.5)
+    assert mgr.tree.match_prefix([9]).node.score == pytest.approx(0.5)
+
+
+def test_split_nodes_inherit_scores_and_stay_consistent(clock):
+    mgr = make_manager(clock, "he", gpu=64, host=0, gamma=0.5)
+    mgr.on_workflow_started("w1")
+    mgr.on_forecast("w1", np.array([row(coder=0.5), row(coder=1.0)]), AGENTS)
+    run(mgr, clock, [1, 2, 3, 4], "w1", "coder")
+    whole = mgr.tree.match_prefix([1, 2, 3, 4]).node
+    assert whole.score == pytest.approx(0.5 + 0.5 * 0.5)
+    top = mgr.tree.match_prefix([1, 2]).node  # splits the node
+    assert (top.keys, whole.keys) == ([1, 2], [3, 4])  # the lower half keeps the identity
+    assert mgr.tree.match_prefix([1, 2, 3, 4]).path == (top, whole)
+    assert top.score == whole.score and top.accessors == whole.accessors
+    assert top in mgr.scores.nodes_of("w1") and whole in mgr.scores.nodes_of("w1")
+    # a new forecast reaches both halves
+    assert mgr.on_forecast("w1", np.array([row(coder=0.2)]), AGENTS) == 2
+    assert top.score == pytest.approx(0.2) and whole.score == pytest.approx(0.2)
+    # a second workflow uses only the top half: the halves now differ
+    mgr.on_workflow_started("w2")
+    mgr.on_forecast("w2", np.array([row(tester=0.6)]), AGENTS)
+    run(mgr, clock, [1, 2], "w2", "tester")
+    assert top.score == pytest.approx(0.8) and whole.score == pytest.approx(0.2)
+    mgr.on_workflow_terminated("w1")
+    assert (whole.retired, whole.score) == (True, 0.0)
+    assert (top.retired, top.score) == (False, pytest.approx(0.6))
+    assert mgr.scores.nodes_of("w2") == {top}
+    mgr.check_integrity()
+
+
+def test_next_step_value_is_the_first_forecast_row(clock):
+    mgr = make_manager(clock, "pbkv", gpu=64, host=0)
+    for w in ("w1", "w2"):
+        mgr.on_workflow_started(w)
+    run(mgr, clock, [1], "w1", "coder")
+    run(mgr, clock, [1], "w1", "tester")
+    run(mgr, clock, [1], "w2", "coder")
+    mgr.on_forecast("w1", np.array([row(coder=0.25, tester=0.5), row(coder=1.0)]), AGENTS)
+    mgr.on_forecast("w2", np.array([row(coder=0.125)]), AGENTS)
+    node = mgr.tree.match_prefix([1]).node
+    assert mgr.scores.next_step_value(node) == pytest.approx(0.25 + 0.5 + 0.125)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("run"),
+                st.lists(st.integers(0, 2), min_size=1, max_size=6),
+                st.sampled_from(["w1", "w2", "w3"]),
+                st.sampled_from(AGENTS),
+            ),
+            st.tuples(
+                st.just("forecast"),
+                st.sampled_from(["w1", "w2", "w3"]),
+                st.lists(
+                    st.lists(st.integers(0, 3), min_size=4, max_size=4), min_size=1, max_size=4
+                ),
+            ),
+            st.tuples(st.just("terminate"), st.sampled_from(["w1", "w2", "w3"])),
+        ),
+        max_size=25,
+    ),
+    gamma=st.sampled_from([0.5, 0.8, 1.0]),
+)
+def test_random_sequences_keep_scores_exact(ops, gamma):
+    clock = FakeClock()
+    mgr = make_manager(clock, "he", gpu=256, host=0, gamma=gamma)
+    ref = Reference(mgr, gamma)
+    for op in ops:
+        if op[0] == "run":
+            _, tokens, w, agent = op
+            if w not in ref.active:
+                ref.start(w)
+            ref.run(clock, tokens, w, agent)
+        elif op[0] == "forecast":
+            _, w, weights = op
+            if w not in ref.active:  # the actor drops forecasts of ended workflows
+                continue
+            rows = np.array(weights, dtype=float) + 1e-3
+            ref.forecast(w, rows / rows.sum(axis=1, keepdims=True))
+        elif op[1] in ref.active:
+            ref.terminate(op[1])
+        ref.check()
