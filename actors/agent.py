@@ -54,6 +54,7 @@ class AgentActor(Actor):
             segment_lengths=tuple(len(s) for s in msg.segments),
             scripted_output_token_ids=msg.output_token_ids,
             namespace=msg.tenant,
+            fixed_prefix_tokens=msg.fixed_prefix_tokens,
         )
         try:
             result = await self.engine.generate(request)

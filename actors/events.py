@@ -85,6 +85,7 @@ class Invoke(msgspec.Struct, frozen=True, tag=True):
     output_token_ids: tuple[int, ...]
     tenant: str = ""
     reply_to: Any = None
+    fixed_prefix_tokens: int = 0
 
 
 class InvocationDone(msgspec.Struct, frozen=True, tag=True):

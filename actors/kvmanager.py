@@ -84,6 +84,7 @@ class KVManagerActor(Actor):
                 if step != view.step:  # a retry repeats its step: the path has it already
                     view.path.append(agent)
                 view.step = step
+                self.kv.on_agent_invoked(w, agent, step)
                 self._request_forecast(w, view, None)
             case PrefillDone(workflow_id=w, hidden=hidden) if hidden is not None:
                 known = self._workflows.get(w)

@@ -120,6 +120,9 @@ class WorkflowActor(Actor):
                 spec.output_token_ids,
                 self.workflow.tenant,
                 reply_to=self.ref,
+                fixed_prefix_tokens=sum(
+                    len(s.token_ids) for s in spec.segments if s.kind != "context"
+                ),
             )
         )
 

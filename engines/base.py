@@ -27,6 +27,8 @@ class GenerateRequest:
         scripted_output_token_ids: for replaying engines (``sim``), the tokens to emit;
             real engines ignore it and sample.
         namespace: tenant / cache salt.
+        fixed_prefix_tokens: leading tokens that are the agent's fixed prefix (shared
+            preamble + role prompt; KVFlow protects these).
     """
 
     request_id: str
@@ -37,6 +39,7 @@ class GenerateRequest:
     segment_lengths: tuple[int, ...] = ()
     scripted_output_token_ids: tuple[int, ...] = ()
     namespace: str = ""
+    fixed_prefix_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

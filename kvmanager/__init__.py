@@ -4,10 +4,12 @@ Plain synchronous code (no trio, no torch), driven by an engine's scheduler step
 the KV-manager actor.
 """
 
+from pbkv.kvmanager.belady import BeladyTracker
 from pbkv.kvmanager.blocks import BlockPool
 from pbkv.kvmanager.eviction import EvictionIndex
 from pbkv.kvmanager.keys import block_keys
-from pbkv.kvmanager.manager import Admission, AdmitRequest, KVConfig, KVManager
+from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
+from pbkv.kvmanager.manager import Admission, AdmitRequest, BaselineInputs, KVConfig, KVManager
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import POLICIES, Policy, get_policy
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
@@ -18,6 +20,10 @@ __all__ = [
     "POLICIES",
     "Admission",
     "AdmitRequest",
+    "BaselineInputs",
+    "BeladyTracker",
+    "KVFlowTracker",
+    "StepGraph",
     "BlockPool",
     "EvictionIndex",
     "KVConfig",

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pbkv.kvmanager.belady import BeladyTracker
+from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
 from pbkv.kvmanager.radix import Lease, LoadTransfer, RadixTree, TreeHooks
@@ -46,6 +48,22 @@ class KVConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BaselineInputs:
+    """What the baseline policies know beyond the cache itself.
+
+    Args:
+        step_graph_edges: the app's static agent step graph (``kvflow``).
+        future: workflow id → per step, the prompt's block keys, in submission order
+            (``belady``, the offline bound).
+        concurrency: workflows in flight at once (``belady`` places pending ones in time).
+    """
+
+    step_graph_edges: tuple[tuple[str, str], ...] = ()
+    future: Mapping[str, Sequence[Sequence[int]]] | None = None
+    concurrency: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class AdmitRequest:
     """What admission needs to know of one request.
 
@@ -55,6 +73,8 @@ class AdmitRequest:
         max_new_tokens: decode budget reserved at admission (so decode never runs out).
         workflow_id / agent: who asks (``None`` for requests outside any workflow).
         namespace: tenant / cache salt.
+        fixed_prefix_tokens: leading prompt tokens that are the agent's fixed prefix
+            (shared preamble + role prompt), for KVFlow.
     """
 
     keys: list[int]
@@ -63,6 +83,7 @@ class AdmitRequest:
     workflow_id: str | None = None
     agent: str = ""
     namespace: str = ""
+    fixed_prefix_tokens: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -111,12 +132,18 @@ class KVManager:
     Args:
         config: sizes and policy.
         clock: current time in seconds (``pbkv.runtime.clock.now_s`` under actors).
+        baseline: step graph / full workload for the ``kvflow`` and ``belady`` policies.
 
     Raises:
-        ValueError: unknown policy name.
+        ValueError: unknown policy name, or a baseline policy without its inputs.
     """
 
-    def __init__(self, config: KVConfig, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        config: KVConfig,
+        clock: Callable[[], float],
+        baseline: BaselineInputs | None = None,
+    ) -> None:
         self.config = config
         self.policy: Policy = get_policy(config.policy)
         self.tree = RadixTree(
@@ -127,9 +154,35 @@ class KVManager:
             clock=clock,
         )
         self.scores = ScoreBoard(self.tree.reprioritize, config.gamma)
-        self.tree.hooks.on_split = self.scores.on_split
-        self.tree.hooks.on_remove = self.scores.on_remove
+        self.tree.hooks.on_split = self._on_split
+        self.tree.hooks.on_remove = self._on_remove
         self._counters = _Counters()
+        self.kvflow: KVFlowTracker | None = None
+        self.belady: BeladyTracker | None = None
+        self._attach_tracker(baseline or BaselineInputs())
+
+    def _attach_tracker(self, inputs: BaselineInputs) -> None:
+        if self.policy.tracker == "kvflow":
+            if not inputs.step_graph_edges:
+                raise ValueError("policy 'kvflow' needs the app's step graph (step_graph_edges)")
+            graph = StepGraph(inputs.step_graph_edges)
+            self.kvflow = KVFlowTracker(graph, self.tree.reprioritize)
+        elif self.policy.tracker == "belady":
+            if inputs.future is None:
+                raise ValueError("policy 'belady' needs the whole workload in advance (future)")
+            self.belady = BeladyTracker(
+                inputs.future, inputs.concurrency, self.tree.nodes, self.tree.reprioritize
+            )
+
+    def _on_split(self, node: Node, top: Node) -> None:
+        self.scores.on_split(node, top)
+        if self.kvflow is not None:
+            self.kvflow.on_split(node, top)
+
+    def _on_remove(self, node: Node) -> None:
+        self.scores.on_remove(node)
+        if self.kvflow is not None:
+            self.kvflow.on_remove(node)
 
     def set_demote_hook(self, hook: Callable[[Node, list[int], list[int]], None] | None) -> None:
         """Have ``hook(node, gpu_blocks, host_blocks)`` copy each demoted GPU copy to the host.
@@ -208,6 +261,8 @@ class KVManager:
             unleased = self.tree.cached_blocks("gpu") - self.tree.leased_blocks("gpu")
             if unleased < short:
                 return False
+            if self.belady is not None:
+                self.belady.refresh()
             self.tree.evict("gpu", short)
         return self.tree.can_allocate("gpu", need_blocks)
 
@@ -243,6 +298,16 @@ class KVManager:
             self.tree.reprioritize(node)
         if request.workflow_id is not None:
             self.scores.touch(path, request.workflow_id, request.agent)
+        if self.kvflow is not None and request.fixed_prefix_tokens:
+            fixed_blocks = request.fixed_prefix_tokens // self.config.block_size
+            end = 0
+            fixed = []
+            for node in path:
+                end += node.num_blocks
+                if end > fixed_blocks:
+                    break
+                fixed.append(node)
+            self.kvflow.mark_fixed(fixed, request.agent)
 
     # -- commit and release ----------------------------------------------------------
 
@@ -301,12 +366,15 @@ class KVManager:
     # -- prefetch (§5.4) ------------------------------------------------------------
 
     def plan_prefetch(self, step_s: float) -> list[LoadTransfer]:
-        """Start conservative prefetches that fit in this decode step's idle resources.
+        """Start the policy's prefetches that fit in this decode step's idle resources.
 
-        Budget ``S = min(S_a, S_bw)``: ``S_a`` is free GPU space plus retired cache (the
-        only cache a prefetch may displace), ``S_bw`` the blocks the host link moves in
-        ``step_s``. Candidates are host-only nodes below the GPU frontier, best next-step
-        value first (the k=1 term of the score). Call only in pure-decode steps.
+        ``conservative`` (§5.4): budget ``S = min(S_a, S_bw)``: ``S_a`` is free GPU space
+        plus retired cache (the only cache it may displace), ``S_bw`` the blocks the host
+        link moves in ``step_s``; candidates are host-only nodes below the GPU frontier,
+        best next-step value first (the k=1 term of the score). ``aggressive`` may also
+        displace active cache that the policy ranks below the candidate. ``next-fixed``
+        (KVFlow) loads the fixed prefixes of agents one step from running, displacing
+        only what its own order ranks below them. Call only in pure-decode steps.
 
         Returns:
             The loads started (each holds leases until :meth:`complete_load`).
@@ -319,7 +387,7 @@ class KVManager:
         if budget <= 0:
             return []
         loads: list[LoadTransfer] = []
-        values = ((self.scores.next_step_value(n), n) for n in self._prefetch_frontier())
+        values = ((self._prefetch_value(n), n) for n in self._prefetch_frontier())
         heap = [(-v, n.serial, n) for v, n in values if v > 0]
         heapq.heapify(heap)
         while heap and budget > 0:
@@ -335,19 +403,27 @@ class KVManager:
             self._counters.prefetch_issued_blocks += node.num_blocks
             for child in node.children.values():
                 if child.on_host and not child.on_gpu and not child.loading:
-                    v = self.scores.next_step_value(child)
+                    v = self._prefetch_value(child)
                     if v > 0:
                         heapq.heappush(heap, (-v, child.serial, child))
         return loads
 
+    def _prefetch_value(self, node: Node) -> float:
+        if self.kvflow is not None:
+            return 1.0 if node.fixed_agents & self.kvflow.next_step_agents() else 0.0
+        return self.scores.next_step_value(node)
+
     def _prefetch_frontier(self) -> set[Node]:
+        if self.kvflow is not None:
+            pool = {n for a in self.kvflow.next_step_agents() for n in self.kvflow.fixed_nodes(a)}
+        else:
+            pool = {n for w in self.scores.active_workflows for n in self.scores.nodes_of(w)}
         frontier: set[Node] = set()
-        for w in self.scores.active_workflows:
-            for node in self.scores.nodes_of(w):
-                parent = node.parent
-                parent_ready = parent is None or parent.is_root or parent.on_gpu
-                if node.on_host and not node.on_gpu and not node.loading and parent_ready:
-                    frontier.add(node)
+        for node in pool:
+            parent = node.parent
+            parent_ready = parent is None or parent.is_root or parent.on_gpu
+            if node.on_host and not node.on_gpu and not node.loading and parent_ready:
+                frontier.add(node)
         return frontier
 
     def _make_prefetch_room(self, node: Node) -> bool:
@@ -356,7 +432,10 @@ class KVManager:
             # Lease the candidate: demoting retired cache may need host room, and must not
             # take it by dropping the very host copy about to be loaded.
             lease = self.tree.lock(node)
-            self.tree.evict("gpu", short, retired_only=True)
+            if self.policy.prefetch == "conservative":
+                self.tree.evict("gpu", short, retired_only=True)
+            else:
+                self.tree.evict("gpu", short, below=self.policy.priority(node))
             self.tree.unlock(lease)
         return self.tree.can_allocate("gpu", node.num_blocks)
 
@@ -376,9 +455,20 @@ class KVManager:
             return 0
         return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
 
+    def on_agent_invoked(self, workflow_id: str, agent: str, step: int) -> None:
+        """Note that ``workflow_id`` runs ``agent`` as its ``step``-th invocation (baselines)."""
+        if self.kvflow is not None:
+            self.kvflow.on_agent_invoked(workflow_id, agent)
+        if self.belady is not None:
+            self.belady.on_agent_invoked(workflow_id, step)
+
     def on_workflow_terminated(self, workflow_id: str) -> None:
         """Retire the workflow: its private nodes become retired cache."""
         self.scores.terminate(workflow_id)
+        if self.kvflow is not None:
+            self.kvflow.on_terminated(workflow_id)
+        if self.belady is not None:
+            self.belady.on_terminated(workflow_id)
 
     # -- observation -----------------------------------------------------------------
 

@@ -25,6 +25,10 @@ class Node:
         namespace: tenant / cache salt; nodes of different namespaces never meet.
         loading: a host-to-GPU copy of this node is in flight.
         prefetched: the GPU copy came from a prefetch and has not been used yet.
+        fixed_agents: agents whose fixed prefix (preamble + role prompt) covers this node
+            (KVFlow's fixed-prefix cache; empty for dynamic suffixes).
+        hint: a baseline policy's per-node key (KVFlow: steps-to-execution; Belady:
+            steps to next use), kept current by that policy's tracker.
     """
 
     __slots__ = (
@@ -41,6 +45,8 @@ class Node:
         "namespace",
         "loading",
         "prefetched",
+        "fixed_agents",
+        "hint",
         "serial",
     )
 
@@ -58,6 +64,8 @@ class Node:
         self.namespace = namespace
         self.loading = False
         self.prefetched = False
+        self.fixed_agents: set[str] = set()
+        self.hint = 0.0
         self.serial = serial
 
     @property

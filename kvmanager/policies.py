@@ -13,7 +13,8 @@ from typing import Literal
 from pbkv.kvmanager.eviction import Priority
 from pbkv.kvmanager.node import Node
 
-PrefetchMode = Literal["none", "conservative", "aggressive"]
+PrefetchMode = Literal["none", "conservative", "aggressive", "next-fixed"]
+Tracker = Literal["none", "kvflow", "belady"]
 
 # Scores are sums of float products refreshed incrementally; rounding keeps nodes with
 # equal true scores tied (so LRU breaks the tie) despite last-bit drift.
@@ -35,6 +36,18 @@ def score_priority(node: Node) -> Priority:
     return (not node.retired, round(node.score, _SCORE_DIGITS), node.last_access_s)
 
 
+def kvflow_priority(node: Node) -> Priority:
+    """KVFlow: dynamic suffixes first (LRU), then fixed prefixes by descending
+    steps-to-execution (``node.hint``), LRU last."""
+    fixed = bool(node.fixed_agents)
+    return (fixed, -node.hint if fixed else 0.0, node.last_access_s)
+
+
+def belady_priority(node: Node) -> Priority:
+    """Belady: farthest next use (``node.hint``, in steps) first, LRU as tie-break."""
+    return (-node.hint, node.last_access_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A named cache policy.
@@ -43,13 +56,18 @@ class Policy:
         name: registry name.
         priority: eviction key; smallest first.
         uses_forecasts: needs the predictor's K-step forecasts (Score).
-        prefetch: ``none``, ``conservative`` (§5.4) or ``aggressive``.
+        prefetch: ``none``, ``conservative`` (§5.4: free and retired space only),
+            ``aggressive`` (may displace active cache scored below the candidate) or
+            ``next-fixed`` (KVFlow: next-step agents' fixed prefixes).
+        tracker: the baseline state the policy's key reads (``kvflow``: the app's step
+            graph; ``belady``: the whole workload in advance).
     """
 
     name: str
     priority: Callable[[Node], Priority]
     uses_forecasts: bool = False
     prefetch: PrefetchMode = "none"
+    tracker: Tracker = "none"
 
 
 POLICIES: dict[str, Policy] = {
@@ -59,6 +77,9 @@ POLICIES: dict[str, Policy] = {
         Policy("lae", lae_priority),
         Policy("he", score_priority, uses_forecasts=True),
         Policy("pbkv", score_priority, uses_forecasts=True, prefetch="conservative"),
+        Policy("pbkv-aggressive", score_priority, uses_forecasts=True, prefetch="aggressive"),
+        Policy("kvflow", kvflow_priority, prefetch="next-fixed", tracker="kvflow"),
+        Policy("belady", belady_priority, tracker="belady"),
     )
 }
 

@@ -361,6 +361,8 @@ class RadixTree:
         top.score = node.score
         top.loading = node.loading
         top.prefetched = node.prefetched
+        top.fixed_agents = set(node.fixed_agents)
+        top.hint = node.hint
         parent.children[top.keys[0]] = top
         top.children[node.keys[0]] = node
         node.parent = top

@@ -180,6 +180,7 @@ class SimEngine:
                         workflow_id=req.workflow_id,
                         agent=req.agent,
                         namespace=req.namespace,
+                        fixed_prefix_tokens=req.fixed_prefix_tokens,
                     )
                 )
             except ValueError as exc:

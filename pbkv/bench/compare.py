@@ -21,7 +21,14 @@ from pbkv.actors.workload import Workflow
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.profile import load_hardware, load_model
-from pbkv.kvmanager import KVConfig, KVManager, KVStatistics, get_policy
+from pbkv.kvmanager import (
+    BaselineInputs,
+    KVConfig,
+    KVManager,
+    KVStatistics,
+    block_keys,
+    get_policy,
+)
 from pbkv.predictor import make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.runtime import seed_scheduler
@@ -110,9 +117,14 @@ def run_policy(
     forecasters: Sequence[Forecaster],
     *,
     gpu_kv_tokens: int,
+    step_graph_edges: tuple[tuple[str, str], ...] = (),
     on_outcome: Callable[[WorkflowOutcome], None] | None = None,
 ) -> PolicyResult:
-    """Serve ``workload`` under ``policy`` in virtual time and summarise it."""
+    """Serve ``workload`` under ``policy`` in virtual time and summarise it.
+
+    ``step_graph_edges`` is the app's call graph (needed by ``kvflow``); ``belady``
+    reads the workload's future block keys directly.
+    """
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     bs = config.block_size
     gpu_blocks = gpu_kv_tokens // bs
@@ -128,10 +140,11 @@ def run_policy(
         bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
     )
     uses_forecasts = get_policy(policy).uses_forecasts
+    baseline = _baseline_inputs(workload, config, policy, step_graph_edges)
     timeline: list[tuple[float, float]] = []
 
     async def main() -> list[WorkflowOutcome]:
-        kv = KVManager(kv_config, trio.current_time)
+        kv = KVManager(kv_config, trio.current_time, baseline)
         engine = SimEngine(kv, cost, SimConfig())
         outcomes = await serve_workflows(
             workload,
@@ -155,6 +168,21 @@ def run_policy(
         for r in o.results:
             timeline.append((o.end_s, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
     return _summarise(policy, config, outcomes, kv_stats, wall_s, timeline)
+
+
+def _baseline_inputs(
+    workload: Sequence[Workflow],
+    config: BenchConfig,
+    policy: str,
+    step_graph_edges: tuple[tuple[str, str], ...],
+) -> BaselineInputs:
+    future = None
+    if get_policy(policy).tracker == "belady":
+        bs = config.block_size
+        future = {
+            w.workflow_id: [block_keys(s.prompt_token_ids, bs) for s in w.steps] for w in workload
+        }
+    return BaselineInputs(tuple(step_graph_edges), future, config.concurrency)
 
 
 def _summarise(
@@ -245,7 +273,13 @@ def compare_policies(
         callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
         results.append(
             run_policy(
-                workload, config, policy, forecasters, gpu_kv_tokens=gpu_tokens, on_outcome=callback
+                workload,
+                config,
+                policy,
+                forecasters,
+                gpu_kv_tokens=gpu_tokens,
+                step_graph_edges=tuple(app.edges),
+                on_outcome=callback,
             )
         )
     return results, gpu_tokens
