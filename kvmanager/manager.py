@@ -299,15 +299,22 @@ class KVManager:
         if request.workflow_id is not None:
             self.scores.touch(path, request.workflow_id, request.agent)
         if self.kvflow is not None and request.fixed_prefix_tokens:
-            fixed_blocks = request.fixed_prefix_tokens // self.config.block_size
-            end = 0
-            fixed = []
-            for node in path:
-                end += node.num_blocks
-                if end > fixed_blocks:
-                    break
-                fixed.append(node)
-            self.kvflow.mark_fixed(fixed, request.agent)
+            self.kvflow.mark_fixed(self._fixed_part(path, request), request.agent)
+
+    def _fixed_part(self, path: Sequence[Node], request: AdmitRequest) -> list[Node]:
+        """Return the nodes of ``path`` inside the request's fixed prefix, splitting the
+        node that straddles its end so suffixes stay dynamic."""
+        fixed_blocks = request.fixed_prefix_tokens // self.config.block_size
+        start = 0
+        fixed = []
+        for node in path:
+            if start >= fixed_blocks:
+                break
+            if start + node.num_blocks > fixed_blocks:
+                node = self.tree.split(node, fixed_blocks - start)
+            fixed.append(node)
+            start += node.num_blocks
+        return fixed
 
     # -- commit and release ----------------------------------------------------------
 
