@@ -33,22 +33,17 @@ def _policies(text: str) -> tuple[str, ...]:
     return names
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
+def _add_workload_options(p: argparse.ArgumentParser) -> None:
     from pbkv.bench.compare import BenchConfig
 
     d = BenchConfig()
-    p = sub.add_parser(
-        "bench",
-        help="compare cache policies on one generated workload (virtual-time engine)",
-        description="Serve the same workload under each policy through the actor system on the "
-        "virtual-time engine and print one table (ratios vs lru).",
-    )
-    p.add_argument("--app", default=d.app, help="app: codegen or taubench (default %(default)s)")
+    p.add_argument("--app", default=d.app, help="app: codegen, taubench, ... (default %(default)s)")
     p.add_argument(
         "--policies",
         type=_policies,
         default=d.policies,
-        help="comma-separated policies (default lru,lae,he,pbkv)",
+        help="comma-separated policies (default lru,lae,he,pbkv; also kvflow, belady, "
+        "pbkv-aggressive)",
     )
     p.add_argument("--workflows", type=_positive_int, default=d.workflows)
     p.add_argument("--concurrency", type=_positive_int, default=d.concurrency)
@@ -71,37 +66,32 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="forecaster for he/pbkv: markov, markov-1..3, oracle, uniform",
     )
     p.add_argument(
+        "--noise",
+        type=float,
+        default=d.noise,
+        help="prediction noise lambda in [0, 1]: P~ = (1-lambda) P + lambda U",
+    )
+    p.add_argument(
         "--train-workflows",
         type=_positive_int,
         default=d.train_workflows,
         help="workflows (another seed) the predictor is fitted on",
     )
-    p.add_argument("--hardware", default=d.hardware)
-    p.add_argument("--model", default=d.model)
+    p.add_argument("--hardware", default=d.hardware, help="hardware profile (default %(default)s)")
+    p.add_argument("--model", default=d.model, help="model profile (default %(default)s)")
     p.add_argument("--block-size", type=_positive_int, default=d.block_size)
     p.add_argument("--horizon", type=_positive_int, default=d.horizon, help="score horizon K")
     p.add_argument("--gamma", type=float, default=d.gamma, help="score decay in (0, 1]")
-    p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
-    p.set_defaults(run=_run_bench)
 
 
-def _check_writable(path: str | None) -> None:
-    if path is None:
-        return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir() or Path(path).is_dir():
-        raise ValueError(f"--json {path}: not a writable file path (folder {parent} missing?)")
+def _config_from(args: argparse.Namespace):  # -> BenchConfig
+    from pbkv.bench.compare import BenchConfig
 
-
-def _run_bench(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.compare import BenchConfig, compare_policies
-    from pbkv.bench.report import comparison_table, write_json
-
-    _check_writable(args.json_path)
     if args.host_kv_tokens is not None and args.host_kv_tokens < 0:
         raise ValueError(f"--host-kv-tokens must be >= 0, got {args.host_kv_tokens}")
-
-    config = BenchConfig(
+    if not 0.0 <= args.noise <= 1.0:
+        raise ValueError(f"--noise must be in [0, 1], got {args.noise}")
+    return BenchConfig(
         app=args.app,
         policies=args.policies,
         workflows=args.workflows,
@@ -116,27 +106,67 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
         block_size=args.block_size,
         horizon=args.horizon,
         gamma=args.gamma,
+        noise=args.noise,
     )
-    with Progress(
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="compare cache policies on one generated workload (virtual-time engine)",
+        description="Serve the same workload under each policy through the actor system on the "
+        "virtual-time engine and print one table (ratios vs lru).",
+    )
+    _add_workload_options(p)
+    p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
+    p.set_defaults(run=_run_bench)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
         transient=True,
-    ) as progress:
+    )
+
+
+def _check_writable(path: str | None) -> None:
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir() or Path(path).is_dir():
+        raise ValueError(f"{path}: not a writable file path (folder {parent} missing?)")
+
+
+def _title(config, gpu_tokens: int) -> str:
+    return (
+        f"{config.app}: {config.workflows} workflows, concurrency {config.concurrency}, "
+        f"GPU KV {gpu_tokens:,} tokens, {config.hardware} x {config.model} (simulated seconds)"
+    )
+
+
+def _run_bench(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.compare import compare_policies
+    from pbkv.bench.report import comparison_table, write_json
+
+    _check_writable(args.json_path)
+    config = _config_from(args)
+    with _progress(console) as progress:
         tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
         results, gpu_tokens = compare_policies(
             config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
         )
-    title = (
-        f"{config.app}: {config.workflows} workflows, concurrency {config.concurrency}, "
-        f"GPU KV {gpu_tokens:,} tokens, {config.hardware} x {config.model} (simulated seconds)"
-    )
-    console.print(comparison_table(results, title))
+    console.print(comparison_table(results, _title(config, gpu_tokens)))
     if args.json_path:
-        write_json(args.json_path, config, gpu_tokens, results)
+        write_json(args.json_path, config, gpu_tokens, results, argv=sys.argv)
         console.print(f"wrote {args.json_path}")
+    return _exit_status(results, console)
+
+
+def _exit_status(results, console: Console) -> int:
     failed = sum(r.failed_workflows for r in results)
     if failed:
         console.print(f"[red]{failed} workflows failed[/red] (see the warnings above)")
@@ -144,11 +174,96 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    from pbkv.bench.sweeps import PARAMETERS
+
+    p = sub.add_parser(
+        "sweep",
+        help="sweep concurrency, score horizon K or prediction noise over one workload",
+        description="Run the policies at each value of one parameter on the same workload; "
+        "print a table, write JSON and a PNG plot.",
+    )
+    p.add_argument("parameter", choices=PARAMETERS)
+    p.add_argument(
+        "--values",
+        type=lambda t: [float(v) for v in t.split(",") if v.strip()],
+        default=None,
+        help="comma-separated values (defaults: concurrency 2,4,8,16,32; horizon 1..5; "
+        "noise 0,.1,.2,.3,.5)",
+    )
+    p.add_argument("--out-dir", default="out", help="folder for the JSON and PNG (default out/)")
+    _add_workload_options(p)
+    p.set_defaults(run=_run_sweep)
+
+
+_SWEEP_DEFAULTS = {
+    "concurrency": [2, 4, 8, 16, 32],
+    "horizon": [1, 2, 3, 4, 5],
+    "noise": [0.0, 0.1, 0.2, 0.3, 0.5],
+}
+
+
+def _run_sweep(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.plots import plot_sweep
+    from pbkv.bench.report import sweep_table, write_sweep_json
+    from pbkv.bench.sweeps import sweep
+
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = _config_from(args)
+    values = args.values or _SWEEP_DEFAULTS[args.parameter]
+    with _progress(console) as progress:
+        total = config.workflows * len(config.policies) * len(values)
+        task = progress.add_task(f"sweep {args.parameter}", total=total)
+        points = sweep(config, args.parameter, values, on_outcome=lambda *_: progress.advance(task))
+    title = f"{config.app}: sweep of {args.parameter} ({config.workflows} workflows)"
+    console.print(sweep_table(points, title))
+    stem = out / f"sweep-{args.parameter}-{config.app}"
+    write_sweep_json(stem.with_suffix(".json"), config, points, argv=sys.argv)
+    plot_sweep(points, stem.with_suffix(".png"), title)
+    console.print(f"wrote {stem}.json and {stem}.png")
+    return _exit_status([r for p in points for r in p.results], console)
+
+
+def _add_trace_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "trace-plot",
+        help="plot GPU hit rate over time per policy (paper Fig. 6)",
+        description="Run the policies on one workload and plot each one's GPU hit rate over "
+        "simulated time as a PNG.",
+    )
+    p.add_argument("--out", default="out/hit-timeline.png", help="PNG path")
+    p.add_argument("--window", type=_positive_int, default=50, help="moving-average invocations")
+    _add_workload_options(p)
+    p.set_defaults(run=_run_trace_plot)
+
+
+def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.compare import compare_policies
+    from pbkv.bench.plots import plot_hit_timeline
+    from pbkv.bench.report import comparison_table
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    _check_writable(args.out)
+    config = _config_from(args)
+    with _progress(console) as progress:
+        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
+        results, gpu_tokens = compare_policies(
+            config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
+        )
+    console.print(comparison_table(results, _title(config, gpu_tokens)))
+    plot_hit_timeline(results, args.out, _title(config, gpu_tokens), window=args.window)
+    console.print(f"wrote {args.out}")
+    return _exit_status(results, console)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pbkv", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_sweep(sub)
+    _add_trace_plot(sub)
     return parser
 
 

@@ -29,7 +29,7 @@ from pbkv.kvmanager import (
     block_keys,
     get_policy,
 )
-from pbkv.predictor import make_forecaster
+from pbkv.predictor import NoiseForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.runtime import seed_scheduler
 
@@ -53,6 +53,8 @@ class BenchConfig:
         hardware / model: sim profiles.
         block_size: tokens per KV block.
         horizon / gamma: score horizon K and decay.
+        noise: ``lambda`` of the noise wrapper ``(1-lambda) P + lambda U`` on the
+            predictor (``U`` a random distribution per forecast row, seeded by ``seed``).
     """
 
     app: str = "codegen"
@@ -69,6 +71,7 @@ class BenchConfig:
     block_size: int = 16
     horizon: int = 3
     gamma: float = 0.8
+    noise: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,9 +167,13 @@ def run_policy(
     outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall_s = time.perf_counter() - started
     assert kv_stats is not None
-    for o in sorted(outcomes, key=lambda o: o.end_s):
-        for r in o.results:
-            timeline.append((o.end_s, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
+    by_id = {w.workflow_id: w for w in workload}
+    for o in outcomes:
+        t = o.start_s
+        for step, r in zip(by_id[o.workflow_id].steps, o.results, strict=False):
+            t += step.gap_s + r.e2e_s  # invocations of a workflow run back to back
+            timeline.append((t, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
+    timeline.sort()
     return _summarise(policy, config, outcomes, kv_stats, wall_s, timeline)
 
 
@@ -235,11 +242,12 @@ def build_forecasters(
     agents = tuple(app_agents)
     traces = [w.to_trace() for w in train]
     paths = {w.workflow_id: w.agents for w in workload}
-    return [
-        make_forecaster(
-            config.predictor, agents=agents, horizon=config.horizon, traces=traces, workflows=paths
-        )
-    ]
+    forecaster = make_forecaster(
+        config.predictor, agents=agents, horizon=config.horizon, traces=traces, workflows=paths
+    )
+    if config.noise > 0:
+        forecaster = NoiseForecaster(forecaster, config.noise, seed=config.seed)
+    return [forecaster]
 
 
 def compare_policies(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +11,7 @@ import msgspec
 from rich.table import Table
 
 from pbkv.bench.compare import BenchConfig, PolicyResult
+from pbkv.bench.sweeps import SweepPoint
 
 
 def ratio(value: float, baseline: float) -> float:
@@ -55,24 +58,89 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
     return table
 
 
+def result_record(r: PolicyResult) -> dict[str, object]:
+    """Return one policy result as a JSON-ready mapping (KV statistics included)."""
+    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+
+
+def command_line(argv: Sequence[str] | None) -> str:
+    """Return the command that reproduces a run, as typed (``pbkv ...``)."""
+    if not argv:
+        return ""
+    return " ".join(["pbkv", *(shlex.quote(a) for a in argv[1:])])
+
+
 def write_json(
-    path: str | Path, config: BenchConfig, gpu_kv_tokens: int, results: Sequence[PolicyResult]
+    path: str | Path,
+    config: BenchConfig,
+    gpu_kv_tokens: int,
+    results: Sequence[PolicyResult],
+    argv: Sequence[str] | None = None,
 ) -> None:
-    """Write the config, the GPU capacity used and every result (with KV statistics) as JSON."""
+    """Write the command, config, GPU capacity used and every result as JSON."""
     payload = {
+        "kind": "bench",
+        "command": command_line(argv),
         "config": config,
         "gpu_kv_tokens": gpu_kv_tokens,
-        "results": [
+        "results": [result_record(r) for r in results],
+    }
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))
+
+
+def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
+    """Build the sweep table: one row per value and policy, ratios vs lru at that value."""
+    table = Table(title=title)
+    for name in (
+        points[0].parameter,
+        "policy",
+        "GPU hit%",
+        "host hit%",
+        "mean lat s",
+        "mean TTFT s",
+        "speedup",
+        "GPU hit ratio",
+        "spread pp",
+    ):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    for p in points:
+        base = next((r for r in p.results if r.policy == "lru"), p.results[0])
+        for i, r in enumerate(p.results):
+            table.add_row(
+                f"{p.value:g}" if i == 0 else "",
+                r.policy,
+                f"{100 * r.gpu_hit_rate:.1f}",
+                f"{100 * r.host_hit_rate:.1f}",
+                f"{r.mean_latency_s:.2f}",
+                f"{r.mean_ttft_s:.3f}",
+                f"{ratio(base.mean_latency_s, r.mean_latency_s):.3f}x",
+                f"{ratio(r.gpu_hit_rate, base.gpu_hit_rate):.3f}x",
+                f"{100 * p.hit_rate_spread:.1f}" if i == 0 else "",
+            )
+        table.add_section()
+    return table
+
+
+def write_sweep_json(
+    path: str | Path,
+    config: BenchConfig,
+    points: Sequence[SweepPoint],
+    argv: Sequence[str] | None = None,
+) -> None:
+    """Write the command, config and each point's results as JSON."""
+    payload = {
+        "kind": "sweep",
+        "command": command_line(argv),
+        "config": config,
+        "parameter": points[0].parameter,
+        "points": [
             {
-                **{
-                    f: getattr(r, f)
-                    for f in r.__dataclass_fields__
-                    if f not in ("kv", "hit_timeline")
-                },
-                "kv": r.kv,
-                "hit_timeline": r.hit_timeline,
+                "value": p.value,
+                "gpu_kv_tokens": p.gpu_kv_tokens,
+                "hit_rate_spread": p.hit_rate_spread,
+                "results": [result_record(r) for r in p.results],
             }
-            for r in results
+            for p in points
         ],
     }
     Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))
