@@ -161,7 +161,7 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
         )
     console.print(comparison_table(results, _title(config, gpu_tokens)))
     if args.json_path:
-        write_json(args.json_path, config, gpu_tokens, results, argv=sys.argv)
+        write_json(args.json_path, config, gpu_tokens, results, argv=args.argv)
         console.print(f"wrote {args.json_path}")
     return _exit_status(results, console)
 
@@ -219,7 +219,7 @@ def _run_sweep(args: argparse.Namespace, console: Console) -> int:
     title = f"{config.app}: sweep of {args.parameter} ({config.workflows} workflows)"
     console.print(sweep_table(points, title))
     stem = out / f"sweep-{args.parameter}-{config.app}"
-    write_sweep_json(stem.with_suffix(".json"), config, points, argv=sys.argv)
+    write_sweep_json(stem.with_suffix(".json"), config, points, argv=args.argv)
     plot_sweep(points, stem.with_suffix(".png"), title)
     console.print(f"wrote {stem}.json and {stem}.png")
     return _exit_status([r for p in points for r in p.results], console)
@@ -270,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``pbkv`` command line; return the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     # Piped output would be cut to 80 columns; the comparison table needs about 150.
     console = Console() if sys.stdout.isatty() else Console(width=160)

@@ -64,10 +64,10 @@ def result_record(r: PolicyResult) -> dict[str, object]:
 
 
 def command_line(argv: Sequence[str] | None) -> str:
-    """Return the command that reproduces a run, as typed (``pbkv ...``)."""
+    """Return the command that reproduces a run: ``pbkv`` and its arguments ``argv``."""
     if not argv:
         return ""
-    return " ".join(["pbkv", *(shlex.quote(a) for a in argv[1:])])
+    return " ".join(["pbkv", *(shlex.quote(a) for a in argv)])
 
 
 def write_json(

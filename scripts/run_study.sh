@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Run the paper's study on the virtual-time engine and regenerate docs/results.md.
+# Every number in docs/results.md comes from the JSON this writes into docs/data/.
+# About 10-20 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=docs/data
+mkdir -p "$out"
+all=lru,kvflow,lae,he,pbkv,belady
+for app in hover codegen swebench financebench taubench; do
+  pbkv bench --app "$app" --policies "$all" --json "$out/bench-$app.json"
+done
+pbkv bench --app hover --policies "$all" --host-kv-tokens 0 --json "$out/bench-hover-nohost.json"
+pbkv bench --app hover --policies pbkv --predictor oracle --json "$out/bench-hover-oracle.json"
+pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 --out-dir "$out"
+pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 --out-dir "$out"
+pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive --values 0,0.1,0.2,0.3,0.5 \
+  --out-dir "$out"
+pbkv trace-plot --app hover --policies lru,lae,he,pbkv,belady --out "$out/hit-timeline-hover.png"
+python scripts/make_results.py "$out" docs/results.md
