@@ -2,7 +2,10 @@
 
 ``get_app(name)`` builds a registered app; ``app.generate(n_workflows, seed)`` returns
 workflows with real SmolLM2 token ids. Apps: ``codegen`` (Planner → Coder → Tester with
-an Analyzer retry loop) and ``taubench`` (replay of the τ-bench airline trajectories).
+an Analyzer retry loop), ``hover`` (multi-hop claim verification, 2–4 hops per claim),
+``swebench`` (a manager-selected group chat resolving GitHub issues, with tool gaps),
+``financebench`` (a static five-agent crew over a 10-K excerpt) and ``taubench`` (replay
+of the τ-bench airline trajectories).
 """
 
 from pbkv.examples.apps import App, app_names, get_app, register_app, validate_path
@@ -15,6 +18,9 @@ from pbkv.examples.codegen import (
     sample_task,
 )
 from pbkv.examples.data import DATA_DIR_ENV, find_data_dir
+from pbkv.examples.financebench import FinanceBenchApp, FinanceTask
+from pbkv.examples.hover import MAX_REPLANS, HoverApp, HoverTask
+from pbkv.examples.swebench import MAX_CODER_TURNS, SwebenchApp, SwebenchTask
 from pbkv.examples.taubench import TOOL_LATENCY_S, Episode, TauBenchApp, load_episodes
 from pbkv.examples.tokenizer import (
     TokenizerUnavailable,
@@ -29,12 +35,20 @@ from pbkv.examples.tokenizer import (
 
 __all__ = [
     "DATA_DIR_ENV",
+    "MAX_CODER_TURNS",
+    "MAX_REPLANS",
     "MAX_RETRIES",
     "TOOL_LATENCY_S",
     "App",
     "CodegenApp",
     "CodegenTask",
     "Episode",
+    "FinanceBenchApp",
+    "FinanceTask",
+    "HoverApp",
+    "HoverTask",
+    "SwebenchApp",
+    "SwebenchTask",
     "TauBenchApp",
     "TokenizerUnavailable",
     "app_names",

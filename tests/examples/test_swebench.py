@@ -1,0 +1,254 @@
+import re
+import statistics
+
+import pytest
+
+from pbkv.examples import (
+    MAX_CODER_TURNS,
+    App,
+    SwebenchApp,
+    SwebenchTask,
+    decode,
+    get_app,
+    validate_path,
+)
+from pbkv.examples.swebench import (
+    AGENTS,
+    DIFFICULTY_BONUS_TOKENS,
+    OUTPUT_TOKENS,
+    SELECTION_GAP_S,
+    TOOL_GAP_S,
+    WORKERS,
+    failure_probability,
+    rejection_probability,
+    sample_path,
+)
+
+
+@pytest.fixture(scope="module")
+def workflows():
+    return SwebenchApp().generate(300, 0)
+
+
+class SequenceRng:
+    """Stands in for a numpy generator: ``random()`` returns ``values`` in turn."""
+
+    def __init__(self, searches, values):
+        self.searches = searches
+        self.values = iter(values)
+
+    def binomial(self, n, p):
+        return self.searches - 1
+
+    def random(self):
+        return next(self.values)
+
+
+def retries(workflow):
+    return workflow.agents.count("coder") - 1
+
+
+def workers(workflow):
+    return workflow.agents[1::2]
+
+
+def test_registered_as_swebench():
+    app = get_app("swebench")
+    assert isinstance(app, SwebenchApp) and isinstance(app, App)
+    assert app.generate(2, 5) == SwebenchApp().generate(2, 5)
+
+
+def test_same_seed_same_workflows_and_prefix_stable():
+    app = SwebenchApp()
+    assert app.generate(8, 3) == app.generate(8, 3)
+    assert app.generate(8, 3)[:5] == app.generate(5, 3)
+    assert app.generate(8, 3) != app.generate(8, 4)
+
+
+def test_ids_are_unique_and_named_by_seed(workflows):
+    assert [w.workflow_id for w in workflows[:3]] == [
+        "swebench-0-0",
+        "swebench-0-1",
+        "swebench-0-2",
+    ]
+    assert len({w.workflow_id for w in workflows}) == len(workflows)
+    assert all(w.app == "swebench" for w in workflows)
+
+
+def test_every_path_is_a_walk_with_the_manager_between_worker_turns(workflows):
+    app = SwebenchApp()
+    for w in workflows:
+        validate_path(app, w.agents)
+        assert set(w.agents[::2]) == {"manager"}
+        assert set(workers(w)) <= set(WORKERS)
+
+
+def test_sample_path_follows_test_and_review_verdicts():
+    task = SwebenchTask("t", "", difficulty=0.5, n_files=2, repo="psf/requests")
+    # test fails, test passes, review rejects, test passes, review approves
+    path, end_reason = sample_path(task, SequenceRng(2, [0.0, 0.99, 0.0, 0.99, 0.99]))
+    assert path[1::2] == (
+        "localizer",
+        "localizer",
+        "coder",
+        "tester",
+        "coder",
+        "tester",
+        "reviewer",
+        "coder",
+        "tester",
+        "reviewer",
+    )
+    assert end_reason == "end"
+    path, end_reason = sample_path(task, SequenceRng(1, [0.0] * MAX_CODER_TURNS))
+    assert path[1::2] == ("localizer", *("coder", "tester") * MAX_CODER_TURNS)
+    assert end_reason == "recursion_limit"
+
+
+def test_chat_ends_with_approval_or_at_the_cap(workflows):
+    for w in workflows:
+        if w.end_reason == "end":
+            assert w.agents[-1] == "reviewer" and retries(w) < MAX_CODER_TURNS
+        else:
+            assert w.end_reason == "recursion_limit"
+            assert retries(w) == MAX_CODER_TURNS - 1 and w.agents[-1] in ("tester", "reviewer")
+    assert {w.end_reason for w in workflows} == {"end", "recursion_limit"}
+
+
+def test_retries_rise_with_difficulty(workflows):
+    ranked = sorted(workflows, key=lambda w: w.task_features["difficulty"])
+    third = len(ranked) // 3
+    easy = statistics.mean(retries(w) for w in ranked[:third])
+    hard = statistics.mean(retries(w) for w in ranked[-third:])
+    assert easy < 0.7
+    assert hard > easy + 1.2
+
+
+def test_localizer_searches_rise_with_the_files_to_change(workflows):
+    for w in workflows:
+        searches = workers(w).count("localizer")
+        assert 1 <= searches <= w.task_features["n_files"]
+        assert workers(w)[:searches] == ("localizer",) * searches
+    means = [
+        statistics.mean(
+            workers(w).count("localizer") for w in workflows if w.task_features["n_files"] == n
+        )
+        for n in (1.0, 2.0, 3.0, 4.0)
+    ]
+    assert means[0] == 1
+    assert all(a + 0.4 < b for a, b in zip(means, means[1:], strict=False))
+
+
+def test_probabilities_rise_with_difficulty_and_files():
+    assert failure_probability(0.0, 1, 0) == pytest.approx(0.05)
+    assert failure_probability(1.0, 1, 0) == pytest.approx(0.75)
+    assert failure_probability(1.0, 4, 0) == pytest.approx(0.9)
+    assert failure_probability(1.0, 4, 2) == pytest.approx(0.74)
+    assert failure_probability(0.0, 1, 3) == pytest.approx(0.02)
+    assert rejection_probability(0.0, 1) == pytest.approx(0.05)
+    assert rejection_probability(1.0, 4) == pytest.approx(0.47)
+
+
+def test_issue_text_carries_noisy_cues_of_difficulty_and_files(workflows):
+    def mean_difficulty(cue):
+        return statistics.mean(
+            w.task_features["difficulty"] for w in workflows if cue in w.task_text
+        )
+
+    hard = ("intermittent", "caching and serialization", "reverted", "locale settings")
+    easy = ("one-liner", "off-by-one", "typo", "easy to reproduce")
+    assert min(mean_difficulty(c) for c in hard) > max(mean_difficulty(c) for c in easy) + 0.3
+
+    def paths(w):
+        return len(re.findall(r"`[\w/.]+\.py`", w.task_text))
+
+    by_files = [
+        statistics.mean(paths(w) for w in workflows if w.task_features["n_files"] == n)
+        for n in (1.0, 2.0, 3.0, 4.0)
+    ]
+    assert all(a + 0.5 < b for a, b in zip(by_files, by_files[1:], strict=False))
+
+    ranked = sorted(workflows, key=lambda w: w.task_features["difficulty"])
+    frames = [w.task_text.count('  File "') for w in ranked]
+    assert statistics.mean(frames[-100:]) > statistics.mean(frames[:100]) + 2
+
+
+def test_outputs_name_the_next_speaker_and_the_verdicts(workflows):
+    for w in workflows[:100]:
+        for i, step in enumerate(w.steps):
+            first_line = decode(step.output_token_ids).splitlines()[0]
+            if step.agent == "manager":
+                assert first_line == f"Next speaker: {w.agents[i + 1].capitalize()}"
+            if step.agent == "reviewer":
+                approved = i + 1 == len(w.steps) and w.end_reason == "end"
+                assert first_line == ("APPROVED" if approved else "CHANGES REQUESTED")
+
+
+def test_tool_results_enter_the_context_and_test_logs_say_the_verdict(workflows):
+    for w in workflows[:100]:
+        for i, (before, after) in enumerate(zip(w.steps, w.steps[1:], strict=False)):
+            context = before.segments[2].token_ids + before.output_token_ids
+            assert after.segments[2].token_ids[: len(context)] == context
+            added = decode(after.segments[2].token_ids[len(context) :])
+            opener = f"<|im_start|>assistant\n{after.agent.capitalize()}:\n"
+            assert added.endswith(opener)
+            if before.agent in ("manager", "reviewer"):
+                assert added == opener
+            else:
+                assert added.startswith("<|im_start|>tool\n")
+            if before.agent == "tester":
+                passed = w.agents[i + 2 : i + 3] == ("reviewer",)
+                assert added.endswith(
+                    f"=== {'PASSED' if passed else 'FAILED'} ===<|im_end|>\n{opener}"
+                )
+
+
+def test_previous_same_agent_prompt_and_output_prefix_the_next_prompt(workflows):
+    for w in workflows[:60]:
+        last = {}
+        for step in w.steps:
+            prompt = step.prompt_token_ids
+            if step.agent in last:
+                before = last[step.agent]
+                full = before.prompt_token_ids + before.output_token_ids
+                assert prompt[: len(full)] == full
+            last[step.agent] = step
+
+
+def test_preamble_is_shared_and_roles_are_distinct(workflows):
+    steps = [s for w in workflows for s in w.steps]
+    assert [g.kind for g in steps[0].segments] == ["preamble", "role", "context"]
+    assert len({s.segments[0].token_ids for s in steps}) == 1
+    roles = {s.agent: s.segments[1].token_ids for s in steps}
+    assert set(roles) == set(AGENTS)
+    assert len(set(roles.values())) == len(AGENTS)
+    assert all(s.segments[1].token_ids == roles[s.agent] for s in steps)
+    assert 1000 <= len(steps[0].segments[0].token_ids) <= 2000
+    assert all(300 <= len(r) <= 800 for r in roles.values())
+
+
+def test_context_starts_with_the_issue(workflows):
+    w = workflows[0]
+    first = decode(w.steps[0].segments[2].token_ids)
+    assert first.startswith(f"<|im_start|>user\n## Issue\n{w.task_text}<|im_end|>")
+    assert first.endswith("<|im_start|>assistant\nManager:\n")
+    assert all(decode(s.output_token_ids).endswith("<|im_end|>\n") for s in w.steps)
+
+
+def test_output_lengths_and_tool_gaps_are_realistic(workflows):
+    for w in workflows:
+        assert w.steps[0].gap_s == 0.0
+        for before, step in zip(w.steps, w.steps[1:], strict=False):
+            low, high = TOOL_GAP_S.get(before.agent, SELECTION_GAP_S)
+            assert low <= step.gap_s <= high
+        for step in w.steps:
+            low, high = OUTPUT_TOKENS[step.agent]
+            assert low <= step.output_tokens <= high + DIFFICULTY_BONUS_TOKENS.get(step.agent, 0)
+    pairs = [(b, s) for w in workflows for b, s in zip(w.steps, w.steps[1:], strict=False)]
+    after_tests = [s.gap_s for b, s in pairs if b.agent == "tester"]
+    assert min(after_tests) >= 5.0 and max(after_tests) <= 20.0
+
+
+def test_negative_seed_is_rejected():
+    with pytest.raises(ValueError, match="seed"):
+        SwebenchApp().generate(1, -1)
