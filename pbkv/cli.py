@@ -148,18 +148,26 @@ def _title(config, gpu_tokens: int) -> str:
     )
 
 
-def _run_bench(args: argparse.Namespace, console: Console) -> int:
+def _compare(config, console: Console):  # -> tuple[list[PolicyResult], int]
+    """Run every policy of ``config`` with a progress bar, then print the table."""
     from pbkv.bench.compare import compare_policies
-    from pbkv.bench.report import comparison_table, write_json
+    from pbkv.bench.report import comparison_table
 
-    _check_writable(args.json_path)
-    config = _config_from(args)
     with _progress(console) as progress:
         tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
         results, gpu_tokens = compare_policies(
             config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
         )
     console.print(comparison_table(results, _title(config, gpu_tokens)))
+    return results, gpu_tokens
+
+
+def _run_bench(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.report import write_json
+
+    _check_writable(args.json_path)
+    config = _config_from(args)
+    results, gpu_tokens = _compare(config, console)
     if args.json_path:
         write_json(args.json_path, config, gpu_tokens, results, argv=args.argv)
         console.print(f"wrote {args.json_path}")
@@ -239,19 +247,12 @@ def _add_trace_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.compare import compare_policies
     from pbkv.bench.plots import plot_hit_timeline
-    from pbkv.bench.report import comparison_table
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     _check_writable(args.out)
     config = _config_from(args)
-    with _progress(console) as progress:
-        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
-        results, gpu_tokens = compare_policies(
-            config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
-        )
-    console.print(comparison_table(results, _title(config, gpu_tokens)))
+    results, gpu_tokens = _compare(config, console)
     plot_hit_timeline(results, args.out, _title(config, gpu_tokens), window=args.window)
     console.print(f"wrote {args.out}")
     return _exit_status(results, console)
