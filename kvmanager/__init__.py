@@ -4,7 +4,7 @@ Plain synchronous code (no trio, no torch), driven by an engine's scheduler step
 the KV-manager actor.
 """
 
-from pbkv.kvmanager.belady import BeladyTracker
+from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.blocks import BlockPool
 from pbkv.kvmanager.eviction import EvictionIndex
 from pbkv.kvmanager.keys import block_keys
@@ -26,6 +26,7 @@ __all__ = [
     "StepGraph",
     "BlockPool",
     "EvictionIndex",
+    "FutureStep",
     "KVConfig",
     "KVManager",
     "KVStatistics",

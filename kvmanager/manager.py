@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pbkv.kvmanager.belady import BeladyTracker
+from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
@@ -53,13 +53,13 @@ class BaselineInputs:
 
     Args:
         step_graph_edges: the app's static agent step graph (``kvflow``).
-        future: workflow id → per step, the prompt's block keys, in submission order
-            (``belady``, the offline bound).
+        future: workflow id → its steps (prompt block keys, start offset in the
+            workflow), in submission order (``belady``, the offline bound).
         concurrency: workflows in flight at once (``belady`` places pending ones in time).
     """
 
     step_graph_edges: tuple[tuple[str, str], ...] = ()
-    future: Mapping[str, Sequence[Sequence[int]]] | None = None
+    future: Mapping[str, Sequence[FutureStep]] | None = None
     concurrency: int = 1
 
 
@@ -171,7 +171,11 @@ class KVManager:
             if inputs.future is None:
                 raise ValueError("policy 'belady' needs the whole workload in advance (future)")
             self.belady = BeladyTracker(
-                inputs.future, inputs.concurrency, self.tree.nodes, self.tree.reprioritize
+                inputs.future,
+                inputs.concurrency,
+                self.tree.nodes,
+                self.tree.reprioritize,
+                self.tree.clock,
             )
 
     def _on_split(self, node: Node, top: Node) -> None:

@@ -28,7 +28,7 @@ class Node:
         fixed_agents: agents whose fixed prefix (preamble + role prompt) covers this node
             (KVFlow's fixed-prefix cache; empty for dynamic suffixes).
         hint: a baseline policy's per-node key (KVFlow: steps-to-execution; Belady:
-            steps to next use), kept current by that policy's tracker.
+            seconds to next use), kept current by that policy's tracker.
     """
 
     __slots__ = (

@@ -44,7 +44,7 @@ def kvflow_priority(node: Node) -> Priority:
 
 
 def belady_priority(node: Node) -> Priority:
-    """Belady: farthest next use (``node.hint``, in steps) first, LRU as tie-break."""
+    """Belady: farthest next use (``node.hint``, in seconds) first, LRU as tie-break."""
     return (-node.hint, node.last_access_s)
 
 

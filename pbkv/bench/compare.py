@@ -23,6 +23,7 @@ from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.profile import load_hardware, load_model
 from pbkv.kvmanager import (
     BaselineInputs,
+    FutureStep,
     KVConfig,
     KVManager,
     KVStatistics,
@@ -185,11 +186,24 @@ def _baseline_inputs(
 ) -> BaselineInputs:
     future = None
     if get_policy(policy).tracker == "belady":
-        bs = config.block_size
-        future = {
-            w.workflow_id: [block_keys(s.prompt_token_ids, bs) for s in w.steps] for w in workload
-        }
+        cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+        future = {w.workflow_id: _future_steps(w, cost, config) for w in workload}
     return BaselineInputs(tuple(step_graph_edges), future, config.concurrency)
+
+
+def _future_steps(wf: Workflow, cost: CostModel, config: BenchConfig) -> list[FutureStep]:
+    """Each step's prompt keys and estimated start offset (gaps + modelled step times).
+
+    A step is estimated as its prefill alone plus its decode at the configured
+    concurrency; only the *order* of next uses matters to Belady.
+    """
+    decode_s = cost.decode_step_s(config.concurrency, config.concurrency * 4096)
+    steps, offset = [], 0.0
+    for s in wf.steps:
+        offset += s.gap_s
+        steps.append(FutureStep(block_keys(s.prompt_token_ids, config.block_size), offset))
+        offset += cost.prefill_s(s.prompt_tokens) + s.output_tokens * decode_s
+    return steps
 
 
 def _summarise(

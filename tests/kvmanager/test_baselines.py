@@ -2,7 +2,14 @@
 
 import pytest
 
-from pbkv.kvmanager import AdmitRequest, BaselineInputs, KVConfig, KVManager, StepGraph
+from pbkv.kvmanager import (
+    AdmitRequest,
+    BaselineInputs,
+    FutureStep,
+    KVConfig,
+    KVManager,
+    StepGraph,
+)
 from pbkv.kvmanager.kvflow import UNREACHABLE
 
 from .test_eviction import eviction_order
@@ -62,18 +69,25 @@ def test_kvflow_order_follows_the_workflow(clock):
 
 
 def test_belady_evicts_farthest_next_use(clock):
+    # w1's steps start at 0, 10 and 20 s into it; w2 (pending) lasts 40 s
     future = {
-        "w1": [[1, 2, 3], [1, 2, 9], [1, 2, 5]],
-        "w2": [[1, 2, 7]],  # not started yet: its use is ~2 steps away (mean length)
+        "w1": [
+            FutureStep([1, 2, 3], 0.0),
+            FutureStep([1, 2, 9], 10.0),
+            FutureStep([1, 2, 5], 20.0),
+        ],
+        "w2": [FutureStep([1, 2, 4], 0.0), FutureStep([1, 2, 7], 40.0)],
     }
     mgr = manager(clock, "belady", BaselineInputs(future=future, concurrency=1))
     for keys in ([1, 2, 3], [1, 2, 5], [1, 2, 7]):
         serve(mgr, clock, keys, None, "")
     mgr.on_agent_invoked("w1", "coder", step=0)
-    mgr.on_agent_invoked("w1", "tester", step=1)  # [3] is never used again, [5] in 1 step
+    mgr.on_agent_invoked("w1", "tester", step=1)  # [3] is never used again
+    clock.advance(4.0)
     mgr.belady.refresh()
-    assert mgr.tree.match_prefix([1, 2, 5]).node.hint == 1.0
-    assert mgr.tree.match_prefix([1, 2, 7]).node.hint == 2.0
+    assert mgr.tree.match_prefix([1, 2, 5]).node.hint == 6.0  # 20 - 10 - 4 s in
+    # w2 is next in line: it starts after one mean workflow (30 s), then 40 s to [7]
+    assert mgr.tree.match_prefix([1, 2, 7]).node.hint == 70.0
     assert eviction_order(mgr, 3) == [3, 7, 5]
     with pytest.raises(ValueError, match="whole workload"):
         manager(clock, "belady", None)
