@@ -175,7 +175,7 @@ def run_policy(
             t += step.gap_s + r.e2e_s  # invocations of a workflow run back to back
             timeline.append((t, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
     timeline.sort()
-    return _summarise(policy, config, outcomes, kv_stats, wall_s, timeline)
+    return summarise_outcomes(policy, config, outcomes, kv_stats, wall_s, timeline)
 
 
 def _baseline_inputs(
@@ -206,7 +206,7 @@ def _future_steps(wf: Workflow, cost: CostModel, config: BenchConfig) -> list[Fu
     return steps
 
 
-def _summarise(
+def summarise_outcomes(
     policy: str,
     config: BenchConfig,
     outcomes: list[WorkflowOutcome],
@@ -214,6 +214,11 @@ def _summarise(
     wall_s: float,
     timeline: list[tuple[float, float]],
 ) -> PolicyResult:
+    """Summarise one policy's run: latency percentiles over completed workflows, mean
+    TTFT over invocations, hit rates from the KV statistics, throughput over the makespan.
+
+    Times are in whatever clock the run used (simulated or wall seconds).
+    """
     latencies = np.array([o.latency_s for o in outcomes if o.reason != "error"] or [np.nan])
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
     makespan = max(o.end_s for o in outcomes) - min(o.start_s for o in outcomes)

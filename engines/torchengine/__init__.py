@@ -1,0 +1,60 @@
+"""The ``torch`` engine: a transformers causal LM over paged KV under pbkv's control (§7.2).
+
+Importing this package imports torch and transformers; ``import pbkv.engines`` does not.
+"""
+
+from pbkv.engines.torchengine.demo import (
+    DemoApp,
+    DemoConfig,
+    WorkloadShrink,
+    run_demo,
+    shrink_workflow,
+)
+from pbkv.engines.torchengine.engine import (
+    TorchEngine,
+    TorchEngineConfig,
+    TorchStatistics,
+    make_kv_config,
+)
+from pbkv.engines.torchengine.measure import (
+    HitSaving,
+    hit_saving,
+    prefill_tokens_per_s,
+    reload_bytes_per_s,
+)
+from pbkv.engines.torchengine.model import (
+    MODEL_NAMES,
+    KVLayout,
+    default_device,
+    default_dtype,
+    load_model,
+    smollm2_checkpoint,
+    tiny_config,
+)
+from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
+
+__all__ = [
+    "MODEL_NAMES",
+    "BlockCopy",
+    "CopyDone",
+    "DemoApp",
+    "DemoConfig",
+    "HitSaving",
+    "KVLayout",
+    "PagedKVPools",
+    "TorchEngine",
+    "TorchEngineConfig",
+    "TorchStatistics",
+    "WorkloadShrink",
+    "default_device",
+    "default_dtype",
+    "hit_saving",
+    "load_model",
+    "make_kv_config",
+    "prefill_tokens_per_s",
+    "reload_bytes_per_s",
+    "run_demo",
+    "shrink_workflow",
+    "smollm2_checkpoint",
+    "tiny_config",
+]

@@ -1,0 +1,628 @@
+"""The real engine: a transformers causal LM over paged KV that the radix tree allocates (§7.2).
+
+The scheduler has the sim engine's shape. Each step, on the trio thread: finish landed
+host → device loads (``complete_load``), admit waiting requests through
+``KVManager.try_admit`` (its evictions queue device → host copies through the demote
+hook; its host hits queue loads), plan one prefill chunk budget plus one decode token
+per decoding request, and in pure-decode steps with nothing waiting start conservative
+prefetches. Then, in a worker thread (``trio.to_thread``, so the event loop stays free),
+run the queued copies in order and the model. Back on the trio thread, ``commit`` what
+was computed and finish requests.
+
+A running request keeps its KV in a contiguous transformers ``DynamicCache``: built at
+its first prefill chunk from the gathered blocks of its cached prefix (so only the
+uncached suffix is computed), extended by prefill and decode, and written into the
+request's private blocks before each ``commit`` (after prefill, and at finish for the
+blocks the output filled). Requests interleave fairly: every step advances every
+decoding request by one token, in one batched forward over their left-padded past KV,
+and prefill is chunked so a long prompt does not stall the decodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import trio
+
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.torchengine.model import KVLayout
+from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
+from pbkv.kvmanager import (
+    Admission,
+    AdmitRequest,
+    KVConfig,
+    KVManager,
+    LoadTransfer,
+    Node,
+    block_keys,
+)
+from pbkv.runtime.clock import now_s
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchEngineConfig:
+    """Scheduler limits of the torch engine.
+
+    Args:
+        max_batch_size: most requests running at once (prefilling or decoding).
+        max_prefill_tokens: prefill tokens per step, shared by the requests prefilling
+            (chunked prefill keeps decodes moving during a long prompt).
+        stop_token_ids: generation stops early at any of these; ``None`` = the model's
+            ``eos_token_id``; ``()`` = always generate ``max_new_tokens``.
+        check_integrity: assert the KV manager's invariants after every step (tests).
+    """
+
+    max_batch_size: int = 8
+    max_prefill_tokens: int = 512
+    stop_token_ids: tuple[int, ...] | None = None
+    check_integrity: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TorchStatistics:
+    """Engine counters; times are wall-clock seconds of the worker thread.
+
+    ``decode_forwards`` counts batched decode forwards (``decode_tokens`` over it is the
+    mean decode batch); ``h2d_blocks`` / ``d2h_blocks`` count blocks queued for copy.
+    """
+
+    steps: int
+    prefill_tokens: int
+    decode_tokens: int
+    decode_forwards: int
+    prefill_s: float
+    decode_s: float
+    copy_s: float
+    h2d_blocks: int
+    d2h_blocks: int
+    prefetch_steps: int
+
+
+@dataclass(slots=True)
+class _Counters:
+    steps: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    decode_forwards: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    copy_s: float = 0.0
+    h2d_blocks: int = 0
+    d2h_blocks: int = 0
+    prefetch_steps: int = 0
+
+
+def make_kv_config(
+    model: PreTrainedModel,
+    *,
+    block_size: int,
+    gpu_capacity_blocks: int,
+    host_capacity_blocks: int,
+    policy: str = "pbkv",
+    bandwidth_bytes_per_s: float = 0.0,
+    horizon: int = 3,
+    gamma: float = 0.8,
+) -> KVConfig:
+    """Return a :class:`KVConfig` whose ``bytes_per_block`` is ``model``'s (at its dtype).
+
+    Args:
+        bandwidth_bytes_per_s: host → device copy rate, for the prefetch budget.
+        (others): as :class:`KVConfig`.
+    """
+    layout = KVLayout.of(model.config, block_size, next(model.parameters()).dtype)
+    return KVConfig(
+        block_size=block_size,
+        gpu_capacity_blocks=gpu_capacity_blocks,
+        host_capacity_blocks=host_capacity_blocks,
+        bytes_per_block=layout.bytes_per_block,
+        policy=policy,
+        horizon=horizon,
+        gamma=gamma,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+    )
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A request's state. The worker thread writes ``cache``..``finished`` during a step."""
+
+    request: GenerateRequest
+    keys: list[int]
+    submit_s: float
+    done: trio.Event = field(default_factory=trio.Event)
+    admission: Admission | None = None
+    admit_s: float = 0.0
+    first_token_s: float = 0.0
+    private: list[int] = field(default_factory=list)  # the admission's reserved blocks
+    used_private: int = 0  # leading private blocks already written
+    stored_blocks: int = 0  # leading sequence blocks held in the tree or written
+    prompt_committed: bool = False
+    pos: int = 0  # tokens whose KV is in ``cache``
+    cache: Any = None
+    output: list[int] = field(default_factory=list)
+    hidden: np.ndarray | None = None
+    finished: bool = False
+    result: GenerateResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.pos >= self.prompt_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """``tokens`` prompt tokens of ``entry`` to prefill; ``prefix_blocks`` on the first one."""
+
+    entry: _Entry
+    tokens: int
+    prefix_blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _StepPlan:
+    copies: list[BlockCopy]
+    prefills: list[_Chunk]
+    decodes: list[_Entry]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.copies or self.prefills or self.decodes)
+
+
+@dataclass(eq=False, slots=True)
+class _Inflight:
+    """A load whose copies are queued (``done is None``) or issued."""
+
+    load: LoadTransfer
+    done: CopyDone | None = None
+
+
+class TorchEngine:
+    """Owned-cache engine over a transformers causal LM (see the module docstring).
+
+    Args:
+        kv: the KV manager whose tree allocates both pools; the engine installs its
+            demote hook. ``kv.config.block_size`` is the page size.
+        model: a transformers ``*ForCausalLM`` (e.g. from :func:`load_model`), in eval
+            mode; its device and dtype are the pools'.
+        config: scheduler limits.
+
+    Raises:
+        ValueError: ``kv.config.bytes_per_block`` is set and is not the model's.
+    """
+
+    owns_cache = True
+    has_hidden_state = True
+
+    def __init__(
+        self, kv: KVManager, model: PreTrainedModel, config: TorchEngineConfig | None = None
+    ) -> None:
+        weight = next(model.parameters())
+        self.layout = KVLayout.of(model.config, kv.config.block_size, weight.dtype)
+        bpb = kv.config.bytes_per_block
+        if bpb and bpb != self.layout.bytes_per_block:
+            raise ValueError(
+                f"kv.config.bytes_per_block is {bpb}; the model's is "
+                f"{self.layout.bytes_per_block} (use make_kv_config)"
+            )
+        self.kv = kv
+        self.model = model
+        self.config = config or TorchEngineConfig()
+        self.has_host_tier = kv.config.host_capacity_blocks > 0
+        self.device = weight.device
+        self.pools = PagedKVPools(
+            self.layout, kv.config.gpu_capacity_blocks, kv.config.host_capacity_blocks, self.device
+        )
+        self._decoder = model.get_decoder()
+        self._head = model.get_output_embeddings()
+        params = inspect.signature(self._decoder.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._stop = _stop_tokens(self.config.stop_token_ids, model)
+        self._vocab = int(model.config.vocab_size)
+        self._max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self._waiting: deque[_Entry] = deque()
+        self._running: list[_Entry] = []
+        self._copies: list[BlockCopy] = []
+        self._inflight: deque[_Inflight] = deque()
+        self._loading: set[LoadTransfer] = set()
+        self._wake = trio.Event()
+        self._decode_step_s = 0.05
+        self._counters = _Counters()
+        kv.set_demote_hook(self._on_demote)
+
+    # -- public ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the scheduler loop until cancelled."""
+        task_status.started()
+        while True:
+            await self._step()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Queue ``request``, generate greedily and return the result.
+
+        Raises:
+            ValueError: empty prompt, ``max_new_tokens < 1``, a token id outside the
+                vocabulary, or a sequence longer than the model's positions.
+            EngineError: the request can never fit in the GPU tier, or the engine failed.
+        """
+        self._validate(request)
+        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
+        entry = _Entry(request, keys, now_s())
+        self._waiting.append(entry)
+        self._wake.set()
+        await entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.result is not None
+        return entry.result
+
+    def statistics(self) -> TorchStatistics:
+        """Return the engine's counters. Does not modify the engine."""
+        return TorchStatistics(**dataclasses.asdict(self._counters))
+
+    def _validate(self, request: GenerateRequest) -> None:
+        rid, prompt = request.request_id, request.prompt_token_ids
+        if not prompt:
+            raise ValueError(f"request {rid}: empty prompt")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {rid}: max_new_tokens must be >= 1")
+        if min(prompt) < 0 or max(prompt) >= self._vocab:
+            raise ValueError(f"request {rid}: prompt_token_ids outside [0, {self._vocab})")
+        if len(prompt) + request.max_new_tokens > self._max_positions:
+            raise ValueError(
+                f"request {rid}: {len(prompt)} + {request.max_new_tokens} tokens exceed the "
+                f"model's {self._max_positions} positions"
+            )
+
+    # -- one scheduler step (trio thread) ---------------------------------------------
+
+    async def _step(self) -> None:
+        self._complete_loads()
+        self._admit()
+        plan = self._plan()
+        if plan.empty:
+            await self._idle()
+            return
+        if plan.decodes and not plan.prefills and not self._waiting:
+            self._prefetch()  # idle space and idle bandwidth only (§5.4)
+            plan = _StepPlan(self._take_copies(plan.copies), plan.prefills, plan.decodes)
+        started = now_s()
+        try:
+            done = await trio.to_thread.run_sync(self._execute, plan)
+        except BaseException as exc:
+            self._fail_all(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+            raise
+        for item in self._inflight:
+            if item.done is None:
+                item.done = done
+        if plan.decodes and not plan.prefills:
+            self._decode_step_s = 0.8 * self._decode_step_s + 0.2 * (now_s() - started)
+        self._apply(plan)
+        self._counters.steps += 1
+        if self.config.check_integrity:
+            self.kv.check_integrity()
+
+    async def _idle(self) -> None:
+        if self._inflight:  # copies in flight on a CUDA stream: poll them
+            await trio.sleep(0.0005)
+            return
+        await self._wake.wait()
+        self._wake = trio.Event()
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.config.max_batch_size:
+            entry = self._waiting[0]
+            req = entry.request
+            try:
+                admission = self.kv.try_admit(
+                    AdmitRequest(
+                        keys=entry.keys,
+                        prompt_tokens=entry.prompt_tokens,
+                        max_new_tokens=req.max_new_tokens,
+                        workflow_id=req.workflow_id,
+                        agent=req.agent,
+                        namespace=req.namespace,
+                    )
+                )
+            except ValueError as exc:
+                self._waiting.popleft()
+                self._fail(entry, EngineError(f"request {req.request_id}: {exc}"))
+                continue
+            if admission is None:
+                return
+            self._waiting.popleft()
+            self._start(entry, admission)
+
+    def _start(self, entry: _Entry, admission: Admission) -> None:
+        entry.admission = admission
+        entry.admit_s = now_s()
+        entry.private = list(admission.private_blocks)
+        entry.stored_blocks = admission.matched_blocks
+        cached = admission.matched_blocks * self.kv.config.block_size
+        entry.pos = min(cached, entry.prompt_tokens - 1)  # recompute >= 1 token for logits
+        for load in admission.loads:
+            if load not in self._loading:
+                self._queue_load(load)
+        self._running.append(entry)
+
+    def _plan(self) -> _StepPlan:
+        budget = self.config.max_prefill_tokens
+        prefills: list[_Chunk] = []
+        for entry in self._running:
+            if budget <= 0:
+                break
+            if entry.prefilled or not self._loads_done(entry):
+                continue
+            n = min(entry.prompt_tokens - entry.pos, budget)
+            prefix = self._prefix_blocks(entry) if entry.cache is None else ()
+            prefills.append(_Chunk(entry, n, prefix))
+            budget -= n
+        decodes = [e for e in self._running if e.prefilled and not e.finished]
+        return _StepPlan(self._take_copies([]), prefills, decodes)
+
+    def _apply(self, plan: _StepPlan) -> None:
+        now = now_s()
+        for chunk in plan.prefills:
+            entry = chunk.entry
+            self._counters.prefill_tokens += chunk.tokens
+            if entry.prefilled and not entry.prompt_committed:
+                assert entry.admission is not None
+                self.kv.commit(entry.admission, entry.keys)
+                entry.prompt_committed = True
+                entry.first_token_s = now
+        self._counters.decode_tokens += len(plan.decodes)
+        self._counters.decode_forwards += 1 if plan.decodes else 0
+        for entry in [e for e in self._running if e.finished]:
+            self._finish(entry, now)
+
+    def _finish(self, entry: _Entry, now: float) -> None:
+        req, adm = entry.request, entry.admission
+        assert adm is not None
+        computed = req.prompt_token_ids + tuple(entry.output[:-1])  # the last has no KV yet
+        self.kv.commit(adm, block_keys(computed, self.kv.config.block_size))
+        self.kv.release(adm)
+        self._running.remove(entry)
+        entry.cache = None
+        entry.result = GenerateResult(
+            request_id=req.request_id,
+            output_token_ids=tuple(entry.output),
+            prompt_tokens=entry.prompt_tokens,
+            cached_gpu_tokens=adm.cached_gpu_tokens,
+            cached_host_tokens=adm.cached_host_tokens,
+            computed_tokens=adm.computed_tokens,
+            queue_s=entry.admit_s - entry.submit_s,
+            ttft_s=entry.first_token_s - entry.submit_s,
+            e2e_s=now - entry.submit_s,
+            hidden=entry.hidden,
+        )
+        entry.done.set()
+
+    def _fail(self, entry: _Entry, error: BaseException) -> None:
+        if entry.admission is not None:
+            self.kv.release(entry.admission)
+        entry.cache = None
+        entry.error = error
+        entry.done.set()
+
+    def _fail_all(self, error: EngineError) -> None:
+        for entry in [*self._running, *self._waiting]:
+            self._fail(entry, error)
+        self._running.clear()
+        self._waiting.clear()
+
+    def _prefix_blocks(self, entry: _Entry) -> tuple[int, ...]:
+        """Return the GPU blocks of ``entry``'s matched prefix, root first (all landed)."""
+        assert entry.admission is not None
+        chain: list[Node] = []
+        node: Node | None = entry.admission.lease.node
+        while node is not None and not node.is_root:
+            chain.append(node)
+            node = node.parent
+        blocks = [b for n in reversed(chain) for b in (n.gpu_blocks or ())]
+        if len(blocks) != entry.admission.matched_blocks:
+            raise AssertionError(
+                f"prefix of {entry.request.request_id}: {len(blocks)} GPU blocks, "
+                f"{entry.admission.matched_blocks} matched"
+            )
+        return tuple(blocks)
+
+    # -- tier copies (trio thread queues, worker runs) ---------------------------------
+
+    def _on_demote(self, node: Node, gpu_blocks: list[int], host_blocks: list[int]) -> None:
+        """Demote hook: queue the device → host copy ahead of any reuse of ``gpu_blocks``."""
+        self._copies.append(BlockCopy(True, tuple(gpu_blocks), tuple(host_blocks)))
+        self._counters.d2h_blocks += len(gpu_blocks)
+
+    def _queue_load(self, load: LoadTransfer) -> None:
+        for node, dst in zip(load.nodes, load.gpu_blocks, strict=True):
+            assert node.host_blocks is not None
+            self._copies.append(BlockCopy(False, tuple(node.host_blocks), tuple(dst)))
+        self._inflight.append(_Inflight(load))
+        self._loading.add(load)
+        self._counters.h2d_blocks += load.num_blocks
+
+    def _take_copies(self, already: list[BlockCopy]) -> list[BlockCopy]:
+        copies, self._copies = already + self._copies, []
+        return copies
+
+    def _complete_loads(self) -> None:
+        """Mark landed loads resident, in issue order (a chain's parent lands first)."""
+        while self._inflight:
+            item = self._inflight[0]
+            if item.done is None or not item.done.ready():
+                return
+            self._inflight.popleft()
+            self._loading.discard(item.load)
+            self.kv.complete_load(item.load, ok=True)
+
+    def _loads_done(self, entry: _Entry) -> bool:
+        assert entry.admission is not None
+        return not any(load in self._loading for load in entry.admission.loads)
+
+    def _prefetch(self) -> None:
+        loads = self.kv.plan_prefetch(self._decode_step_s)
+        for load in loads:
+            self._queue_load(load)
+        if loads:
+            self._counters.prefetch_steps += 1
+
+    # -- the worker thread: copies and model ---------------------------------------------
+
+    def _execute(self, plan: _StepPlan) -> CopyDone:
+        """Run one step's copies (in queue order), prefill chunks and decode tokens."""
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            done = self.pools.copy(plan.copies) if plan.copies else CopyDone(None)
+            t1 = time.perf_counter()
+            for chunk in plan.prefills:
+                self._prefill(chunk)
+            t2 = time.perf_counter()
+            if plan.decodes:
+                self._decode(plan.decodes)
+            t3 = time.perf_counter()
+        self._counters.copy_s += t1 - t0
+        self._counters.prefill_s += t2 - t1
+        self._counters.decode_s += t3 - t2
+        return done
+
+    def _prefill(self, chunk: _Chunk) -> None:
+        entry = chunk.entry
+        if entry.cache is None:
+            entry.cache = self._cache_from(chunk.prefix_blocks, entry.pos)
+        ids = entry.request.prompt_token_ids[entry.pos : entry.pos + chunk.tokens]
+        hidden = self._forward(ids, entry.cache)
+        entry.pos += chunk.tokens
+        if entry.prefilled:
+            self._store_upto(entry, entry.prompt_tokens)
+            entry.hidden = hidden.float().cpu().numpy()
+            self._emit(entry, hidden)
+
+    def _decode(self, entries: list[_Entry]) -> None:
+        """Generate one token for each of ``entries``: one batched forward when several."""
+        if len(entries) == 1:
+            entry = entries[0]
+            self._emit(entry, self._forward((entry.output[-1],), entry.cache))
+            return
+        hidden = self._forward_batch(entries)
+        for entry, h in zip(entries, hidden, strict=True):
+            self._emit(entry, h)
+
+    def _emit(self, entry: _Entry, hidden: torch.Tensor) -> None:
+        """Append the greedy token after ``hidden``; store the output's full blocks at the end."""
+        token = int(self._head(hidden).argmax())
+        entry.output.append(token)
+        if len(entry.output) >= entry.request.max_new_tokens or token in self._stop:
+            entry.finished = True
+            self._store_upto(entry, entry.prompt_tokens + len(entry.output) - 1)
+
+    def _forward(self, token_ids: Sequence[int], cache: object) -> torch.Tensor:
+        """Extend ``cache`` by ``token_ids``; return the last token's post-norm hidden state.
+
+        Shapes:
+            return: ``(d_model,)``.
+        """
+        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
+        out = self._decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: cache})
+        return out.last_hidden_state[0, -1]
+
+    def _forward_batch(self, entries: list[_Entry]) -> torch.Tensor:
+        """Feed each entry's last token in one forward over left-padded past KV, then
+        append each row's new KV to the entry's own cache.
+
+        Shapes:
+            return: ``(len(entries), d_model)``.
+        """
+        from transformers import DynamicCache
+
+        pasts = [_cache_layers(e.cache) for e in entries]
+        lengths = [p[0][0].shape[-2] for p in pasts]
+        longest = max(lengths)
+        padded = [
+            tuple(
+                torch.cat(
+                    [
+                        F.pad(p[layer][i], (0, 0, longest - n, 0))
+                        for p, n in zip(pasts, lengths, strict=True)
+                    ]
+                )
+                for i in (0, 1)
+            )
+            for layer in range(self.layout.layers)
+        ]
+        batch = DynamicCache(padded)
+        mask = torch.ones((len(entries), longest + 1), dtype=torch.long, device=self.device)
+        for row, n in enumerate(lengths):
+            mask[row, : longest - n] = 0
+        ids = torch.tensor([[e.output[-1]] for e in entries], dtype=torch.long, device=self.device)
+        positions = torch.tensor([[n] for n in lengths], dtype=torch.long, device=self.device)
+        out = self._decoder(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_kwarg: batch},
+        )
+        for layer, (keys, values) in enumerate(_cache_layers(batch)):
+            for row, entry in enumerate(entries):
+                entry.cache.update(
+                    keys[row : row + 1, :, -1:], values[row : row + 1, :, -1:], layer
+                )
+        return out.last_hidden_state[:, -1]
+
+    def _cache_from(self, blocks: Sequence[int], tokens: int) -> object:
+        from transformers import DynamicCache
+
+        if tokens == 0:
+            return DynamicCache()
+        return DynamicCache(self.pools.gather(blocks, tokens))
+
+    def _store_upto(self, entry: _Entry, tokens: int) -> None:
+        """Write the not-yet-stored full blocks of the first ``tokens`` tokens into the
+        request's next private blocks (the ones ``commit`` will hand to the tree)."""
+        full = tokens // self.kv.config.block_size
+        new = full - entry.stored_blocks
+        if new <= 0:
+            return
+        blocks = entry.private[entry.used_private : entry.used_private + new]
+        start = entry.stored_blocks * self.kv.config.block_size
+        self.pools.store(blocks, _cache_layers(entry.cache), start)
+        entry.stored_blocks = full
+        entry.used_private += new
+
+
+def _cache_layers(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Return a transformers cache's per-layer ``(keys, values)``, each ``(1, H, T, D)``."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return [(layer.keys, layer.values) for layer in layers]
+    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
+
+
+def _stop_tokens(configured: tuple[int, ...] | None, model: PreTrainedModel) -> frozenset[int]:
+    if configured is not None:
+        return frozenset(configured)
+    eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)

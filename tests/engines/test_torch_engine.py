@@ -1,0 +1,414 @@
+"""Tests for engines/torchengine/ (the real engine over paged KV) and the demote hook it uses.
+
+Correctness bar (§7.2): greedy tokens and the last prefill token's logits after a full
+recompute, a GPU-tier hit and a host-tier reload match a plain transformers forward of
+the whole sequence, on the tiny random model and once on SmolLM2. Every engine here
+checks the KV manager's invariants after every step.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+
+import numpy as np
+import pytest
+import torch
+import trio
+
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.torchengine import (
+    BlockCopy,
+    DemoConfig,
+    KVLayout,
+    PagedKVPools,
+    TorchEngine,
+    TorchEngineConfig,
+    WorkloadShrink,
+    load_model,
+    make_kv_config,
+    run_demo,
+    shrink_workflow,
+)
+from pbkv.engines.torchengine.pool import _runs
+from pbkv.kvmanager import AdmitRequest, KVConfig, KVManager
+
+BS = 4
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> torch.nn.Module:
+    return load_model("tiny", device="cpu")
+
+
+def make_engine(
+    model: torch.nn.Module,
+    *,
+    gpu: int = 64,
+    host: int = 128,
+    policy: str = "lru",
+    max_prefill_tokens: int = 512,
+) -> tuple[KVManager, TorchEngine]:
+    config = make_kv_config(
+        model,
+        block_size=BS,
+        gpu_capacity_blocks=gpu,
+        host_capacity_blocks=host,
+        policy=policy,
+        bandwidth_bytes_per_s=1e12,
+    )
+    kv = KVManager(config, trio.current_time)
+    engine_config = TorchEngineConfig(
+        max_prefill_tokens=max_prefill_tokens, stop_token_ids=(), check_integrity=True
+    )
+    return kv, TorchEngine(kv, model, engine_config)
+
+
+@asynccontextmanager
+async def running(engine: TorchEngine):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+def random_prompt(n: int, seed: int, vocab: int = 49152) -> tuple[int, ...]:
+    return tuple(int(t) for t in np.random.default_rng(seed).integers(0, vocab, n))
+
+
+def request(rid: str, prompt: tuple[int, ...], new: int = 6, **kw) -> GenerateRequest:
+    return GenerateRequest(
+        rid, kw.pop("workflow_id", None), kw.pop("agent", "a"), prompt, new, **kw
+    )
+
+
+def reference(model: torch.nn.Module, prompt: tuple[int, ...], new: int):
+    """Greedy tokens and the last prompt token's logits from full forwards, no cache."""
+    device = next(model.parameters()).device
+    ids, out, first = list(prompt), [], None
+    with torch.inference_mode():
+        for _ in range(new):
+            logits = model(torch.tensor([ids], device=device)).logits[0, -1].float().cpu()
+            first = logits if first is None else first
+            out.append(int(logits.argmax()))
+            ids.append(out[-1])
+    return tuple(out), first
+
+
+def logits_of(model: torch.nn.Module, result: GenerateResult) -> torch.Tensor:
+    """Last-prefill logits, from the result's post-norm hidden state."""
+    weight = next(model.parameters())
+    hidden = torch.from_numpy(result.hidden).to(weight.device, weight.dtype)
+    with torch.inference_mode():
+        return model.get_output_embeddings()(hidden).float().cpu()
+
+
+def tiers(result: GenerateResult) -> tuple[int, int, int]:
+    return result.cached_gpu_tokens, result.cached_host_tokens, result.computed_tokens
+
+
+# -- the demote hook (kvmanager/radix.py, kvmanager/manager.py) ---------------------------
+
+
+def test_demote_hook_reports_each_device_to_host_copy_once() -> None:
+    kv = KVManager(
+        KVConfig(block_size=1, gpu_capacity_blocks=4, host_capacity_blocks=4), lambda: 0.0
+    )
+    calls: list[tuple[list[int], list[int]]] = []
+    kv.set_demote_hook(lambda node, gpu, host: calls.append((list(gpu), list(host))))
+    adm = kv.try_admit(AdmitRequest(keys=[11, 12, 13], prompt_tokens=3, max_new_tokens=1))
+    assert adm is not None
+    kv.commit(adm, [11, 12, 13])
+    kv.release(adm)
+    assert kv.tree.evict("gpu", 3) == 3
+    assert calls == [([0, 1, 2], [0, 1, 2])]
+    load = kv.try_admit(AdmitRequest(keys=[11, 12, 13], prompt_tokens=3, max_new_tokens=1))
+    assert load is not None and load.cached_host_tokens == 3
+    kv.complete_load(load.loads[0], ok=True)
+    kv.release(load)
+    kv.tree.evict("gpu", 3)  # the host copy exists: no copy needed
+    assert len(calls) == 1
+    kv.set_demote_hook(None)
+    kv.check_integrity()
+
+
+def test_demote_hook_not_called_when_the_host_tier_cannot_take_the_node() -> None:
+    kv = KVManager(
+        KVConfig(block_size=1, gpu_capacity_blocks=4, host_capacity_blocks=0), lambda: 0.0
+    )
+    calls: list[object] = []
+    kv.set_demote_hook(lambda *args: calls.append(args))
+    adm = kv.try_admit(AdmitRequest(keys=[1, 2], prompt_tokens=2, max_new_tokens=1))
+    assert adm is not None
+    kv.commit(adm, [1, 2])
+    kv.release(adm)
+    kv.tree.evict("gpu", 2)
+    assert calls == [] and kv.statistics().dropped_blocks == 2
+
+
+# -- pools -------------------------------------------------------------------------------
+
+
+def test_pools_store_gather_and_copy_between_tiers_round_trip() -> None:
+    layout = KVLayout(layers=2, kv_heads=3, head_dim=5, block_size=BS, dtype=torch.float32)
+    pools = PagedKVPools(layout, gpu_blocks=10, host_blocks=6, device=torch.device("cpu"))
+    assert pools.gpu.shape == (10, 2, 2, 3, BS, 5) and pools.host.shape == (6, 2, 2, 3, BS, 5)
+    kv = [(torch.randn(1, 3, 14, 5), torch.randn(1, 3, 14, 5)) for _ in range(2)]
+    pools.store([5, 2, 3], kv, start_token=0)
+    for (k, v), (gk, gv) in zip(kv, pools.gather([5, 2, 3], 11), strict=True):
+        assert gk.shape == (1, 3, 11, 5)
+        torch.testing.assert_close(gk, k[:, :, :11], rtol=0, atol=0)
+        torch.testing.assert_close(gv, v[:, :, :11], rtol=0, atol=0)
+    assert pools.copy([BlockCopy(True, (5, 2, 3), (0, 1, 2))]).ready()
+    pools.copy([BlockCopy(False, (0, 1, 2), (7, 8, 9))])
+    torch.testing.assert_close(pools.gather([7, 8, 9], 12), pools.gather([5, 2, 3], 12))
+    with pytest.raises(ValueError, match="cannot hold"):
+        pools.gather([1], BS + 1)
+
+
+def test_copy_runs_coalesce_ids_consecutive_on_both_sides() -> None:
+    assert _runs([4, 5, 6, 9, 10], [0, 1, 7, 8, 9]) == [(4, 0, 2), (6, 7, 1), (9, 8, 2)]
+    assert _runs([], []) == []
+
+
+# -- correctness: recompute, GPU hit, host reload ----------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("prompt_tokens", "chunk"), [(37, 512), (36, 512), (37, 8)])
+async def test_recompute_gpu_hit_and_host_reload_give_the_same_tokens_and_logits(
+    tiny: torch.nn.Module, device: str, prompt_tokens: int, chunk: int
+) -> None:
+    model = tiny if device == "cpu" else load_model("tiny", device=device, dtype=torch.float32)
+    kv, engine = make_engine(model, max_prefill_tokens=chunk)
+    prompt = random_prompt(prompt_tokens, seed=prompt_tokens)
+    want_tokens, want_logits = reference(model, prompt, 6)
+    cached = prompt_tokens // BS * BS
+    async with running(engine):
+        miss = await engine.generate(request("miss", prompt))
+        hit = await engine.generate(request("hit", prompt))
+        kv.tree.evict("gpu", kv.config.gpu_capacity_blocks)  # demote everything
+        reload = await engine.generate(request("reload", prompt))
+    assert tiers(miss) == (0, 0, prompt_tokens)
+    assert tiers(hit) == (cached, 0, prompt_tokens - cached)
+    assert tiers(reload) == (0, cached, prompt_tokens - cached)
+    for result in (miss, hit, reload):
+        assert result.output_token_ids == want_tokens
+        torch.testing.assert_close(logits_of(model, result), want_logits, rtol=1e-4, atol=1e-4)
+    stats = engine.statistics()
+    sequence_blocks = (prompt_tokens + 5) // BS  # prompt + output but the last token
+    assert (stats.d2h_blocks, stats.h2d_blocks) == (sequence_blocks, cached // BS)
+    recomputed = max(1, prompt_tokens - cached)  # a full hit still runs its last token
+    assert stats.prefill_tokens == prompt_tokens + 2 * recomputed
+    kv.check_integrity()
+
+
+async def test_a_prompt_extending_an_earlier_output_hits_the_output_blocks(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny)
+    first_prompt = random_prompt(30, seed=1)
+    async with running(engine):
+        first = await engine.generate(request("first", first_prompt))
+        prompt = first_prompt + first.output_token_ids + random_prompt(9, seed=2)
+        second = await engine.generate(request("second", prompt, new=4))
+    assert tiers(second) == (32, 0, 45 - 32)  # 30 + 5 computed tokens → 8 full blocks
+    want_tokens, want_logits = reference(tiny, prompt, 4)
+    assert second.output_token_ids == want_tokens
+    torch.testing.assert_close(logits_of(tiny, second), want_logits, rtol=1e-4, atol=1e-4)
+
+
+async def test_hidden_is_the_post_norm_state_of_the_last_prompt_token(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny)
+    prompt = random_prompt(21, seed=3)
+    async with running(engine):
+        result = await engine.generate(request("h", prompt, new=1))
+    assert result.hidden is not None and result.hidden.shape == (96,)
+    with torch.inference_mode():
+        out = tiny(torch.tensor([prompt]), output_hidden_states=True)
+        pre_norm = tiny.model(torch.tensor([prompt])).last_hidden_state
+    last = out.hidden_states[-1][0, -1]
+    torch.testing.assert_close(torch.from_numpy(result.hidden), last, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tiny.lm_head(last), out.logits[0, -1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(pre_norm[0, -1], last)  # LlamaModel's output is normed
+
+
+# -- scheduling: interleaving, pressure, prefetch ------------------------------------------
+
+
+async def test_concurrent_requests_interleave_and_match_solo_runs_under_eviction(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny, gpu=40, host=24, max_prefill_tokens=16)
+    shared = random_prompt(24, seed=4)
+    specs = [(9, 12), (14, 3), (21, 7), (5, 5), (30, 4)]  # (suffix tokens, new tokens)
+    prompts = [shared + random_prompt(n, seed=10 + i) for i, (n, _) in enumerate(specs)]
+    results: dict[int, GenerateResult] = {}
+    finished: list[int] = []
+
+    async def one(i: int) -> None:
+        results[i] = await engine.generate(request(f"r{i}", prompts[i], new=specs[i][1]))
+        finished.append(i)
+
+    async with running(engine), trio.open_nursery() as nursery:
+        for i in range(len(specs)):
+            nursery.start_soon(one, i)
+            await trio.sleep(0)
+    for i, (_, new) in enumerate(specs):
+        assert results[i].output_token_ids == reference(tiny, prompts[i], new)[0]
+    assert finished.index(1) < finished.index(0)  # 3 tokens submitted after 12 finish first
+    # the GPU tier holds three of them at once; the last two wait and then hit the prefix
+    assert [sum(tiers(results[i])[:2]) for i in (3, 4)] == [24, 24]
+    assert kv.statistics().demoted_blocks > 0
+    stats = engine.statistics()
+    assert stats.decode_tokens == sum(new - 1 for _, new in specs)
+    assert stats.decode_forwards < stats.decode_tokens  # decodes were batched
+    kv.check_integrity()
+
+
+async def test_prefetch_brings_a_predicted_prefix_back_during_pure_decode(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny, gpu=32, host=64, policy="pbkv")
+    prompt = random_prompt(30, seed=5)
+    kv.on_workflow_started("w")
+    async with running(engine):
+        await engine.generate(request("first", prompt, new=2, workflow_id="w", agent="coder"))
+        kv.tree.evict("gpu", 32)
+        kv.on_forecast("w", np.array([[1.0, 0.0]] * 3), ("coder",))
+        await engine.generate(request("other", random_prompt(8, seed=6), new=6))
+        again = await engine.generate(
+            request("again", prompt, new=2, workflow_id="w", agent="coder")
+        )
+    assert engine.statistics().prefetch_steps >= 1
+    assert tiers(again) == (28, 0, 2)
+    assert kv.statistics().prefetch_used_blocks >= 7
+    assert again.output_token_ids == reference(tiny, prompt, 2)[0]
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+async def test_bad_requests_raise_and_the_engine_keeps_serving(tiny: torch.nn.Module) -> None:
+    kv, engine = make_engine(tiny, gpu=8)
+    async with running(engine):
+        with pytest.raises(ValueError, match="empty prompt"):
+            await engine.generate(request("e", ()))
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            await engine.generate(request("n", (1, 2), new=0))
+        with pytest.raises(ValueError, match="outside"):
+            await engine.generate(request("v", (1, 49152)))
+        with pytest.raises(EngineError, match="GPU blocks"):
+            await engine.generate(request("big", random_prompt(40, seed=7)))
+        ok = await engine.generate(request("ok", random_prompt(10, seed=8), new=2))
+    assert len(ok.output_token_ids) == 2
+    kv.check_integrity()
+
+
+def test_a_kv_config_for_another_model_is_rejected(tiny: torch.nn.Module) -> None:
+    config = KVConfig(
+        block_size=BS, gpu_capacity_blocks=4, host_capacity_blocks=0, bytes_per_block=7
+    )
+    with pytest.raises(ValueError, match="make_kv_config"):
+        TorchEngine(KVManager(config, lambda: 0.0), tiny)
+
+
+# -- models -----------------------------------------------------------------------------------
+
+
+def test_load_model_reads_a_checkpoint_directory_and_rejects_unknown_names(
+    tiny: torch.nn.Module, tmp_path
+) -> None:
+    tiny.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path, device="cpu")
+    ids = torch.tensor([random_prompt(12, seed=9)])
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(ids).logits, tiny(ids).logits)
+    with pytest.raises(ValueError, match="smollm2, tiny"):
+        load_model("no-such-model")
+
+
+def test_importing_pbkv_engines_does_not_import_torch() -> None:
+    code = (
+        "import sys, pbkv.engines, pbkv.engines.base, pbkv.kvmanager; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+async def test_smollm2_recompute_gpu_hit_and_host_reload_agree() -> None:
+    from pbkv.examples import TokenizerUnavailable, encode
+
+    try:
+        model = load_model("smollm2", device="cpu")
+    except TokenizerUnavailable as exc:
+        pytest.skip(f"SmolLM2's GGUF is not installed: {exc}")
+    text = (
+        "<|im_start|>system\nYou are a careful assistant who answers in one short sentence."
+        "<|im_end|>\n<|im_start|>user\nName the largest planet of the solar system and say "
+        "one fact about it.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    prompt = encode(text)[:40]
+    kv, engine = make_engine(model, gpu=32, host=32)
+    want_tokens, want_logits = reference(model, prompt, 4)
+    async with running(engine):
+        miss = await engine.generate(request("miss", prompt, new=4))
+        hit = await engine.generate(request("hit", prompt, new=4))
+        kv.tree.evict("gpu", 32)
+        reload = await engine.generate(request("reload", prompt, new=4))
+    assert [tiers(r)[:2] for r in (miss, hit, reload)] == [(0, 0), (40, 0), (0, 40)]
+    for result in (miss, hit, reload):
+        assert result.output_token_ids == want_tokens
+        torch.testing.assert_close(logits_of(model, result), want_logits, rtol=1e-4, atol=2e-4)
+
+
+# -- demo -------------------------------------------------------------------------------------
+
+
+def test_shrink_keeps_every_prefix_relation_between_prompts() -> None:
+    from pbkv.examples import get_app
+
+    spec = WorkloadShrink(
+        preamble_tokens=50, role_tokens=12, head_tokens=8, tail_tokens=3, max_steps=6
+    )
+    for app in ("codegen", "taubench"):
+        for wf in get_app(app).generate(3, seed=1):
+            small = shrink_workflow(wf, spec)
+            assert len(small.steps) == min(6, len(wf.steps))
+            pairs = list(zip(wf.steps, small.steps, strict=False))
+            for i, (a, sa) in enumerate(pairs):
+                assert sa.output_tokens <= spec.output_tokens
+                assert len(sa.segments[0].token_ids) <= 50 and len(sa.segments[1].token_ids) <= 12
+                for b, sb in pairs[i + 1 :]:
+                    full = b.prompt_token_ids[: a.prompt_tokens] == a.prompt_token_ids
+                    cut = sb.prompt_token_ids[: sa.prompt_tokens] == sa.prompt_token_ids
+                    assert full == cut
+
+
+def test_demo_compares_policies_on_the_tiny_model(tiny: torch.nn.Module) -> None:
+    spec = WorkloadShrink(max_steps=4, output_tokens=3, gap_scale=0.0)
+    config = DemoConfig(
+        model="tiny", apps=("codegen", "taubench"), workflows=2, concurrency=2, shrink=spec
+    )
+    apps = run_demo(config, model=tiny)
+    assert [a.app for a in apps] == ["codegen", "taubench"]
+    for a in apps:
+        assert [r.policy for r in a.results] == ["lru", "pbkv"]
+        assert [r.predictor for r in a.results] == ["-", "markov"]
+        for r in a.results:
+            assert r.workflows == 2 and r.kv.requests == a.invocations
+            assert (
+                r.kv.prompt_tokens
+                == r.kv.cached_gpu_tokens + r.kv.cached_host_tokens + r.recomputed_tokens
+            )
+            assert 0 < r.gpu_hit_rate < 1 and r.mean_latency_s > 0 and r.mean_ttft_s > 0
+        assert a.gpu_kv_tokens % 16 == 0 and a.host_kv_tokens == (a.gpu_kv_tokens // 16 // 2) * 16
