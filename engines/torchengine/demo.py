@@ -27,7 +27,7 @@ import trio
 from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.bench.compare import BenchConfig, PolicyResult, summarise_outcomes, gpu_tokens_for
+from pbkv.bench.compare import BenchConfig, PolicyResult, gpu_tokens_for, summarise_outcomes
 from pbkv.engines.torchengine.engine import (
     TorchEngine,
     TorchEngineConfig,
