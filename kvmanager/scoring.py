@@ -64,6 +64,7 @@ class ScoreBoard:
         self._weights: dict[str, dict[str, float]] = {}
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
+        self._ended: set[str] = set()
         self.refreshed_nodes = 0
 
     @property
@@ -75,6 +76,7 @@ class ScoreBoard:
 
     def start(self, workflow_id: str) -> None:
         """Register an active workflow (no forecast yet: its weights are zero)."""
+        self._ended.discard(workflow_id)
         self._nodes.setdefault(workflow_id, set())
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
@@ -82,8 +84,12 @@ class ScoreBoard:
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
 
+        A workflow that has terminated is not brought back by a late request.
+
         Mutates: node accessors, scores, retired flags.
         """
+        if workflow_id in self._ended:
+            return
         self.start(workflow_id)
         weight = self._weights[workflow_id].get(agent, 0.0)
         mine = self._nodes[workflow_id]
@@ -124,6 +130,7 @@ class ScoreBoard:
 
         Mutates: accessors, scores, retired flags of the workflow's nodes.
         """
+        self._ended.add(workflow_id)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):

@@ -122,3 +122,13 @@ def test_lru_ignores_forecasts(clock):
     run(mgr, clock, [10], "w", "coder")
     assert mgr.on_forecast("w", forecast(coder=1.0), AGENTS) == 0
     assert mgr.tree.match_prefix([10]).node.score == 0.0
+
+
+def test_a_late_request_does_not_revive_a_terminated_workflow(clock):
+    mgr = make_manager(clock, "lae", host=0)
+    mgr.on_workflow_started("w")
+    run(mgr, clock, [10], "w", "coder")
+    mgr.on_workflow_terminated("w")
+    run(mgr, clock, [10, 11], "w", "coder")  # arrives after termination
+    assert "w" not in mgr.scores.active_workflows
+    assert mgr.tree.match_prefix([10]).node.retired
