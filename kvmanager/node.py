@@ -47,6 +47,8 @@ class Node:
         "prefetched",
         "fixed_agents",
         "hint",
+        "gpu_children",
+        "host_children",
         "serial",
     )
 
@@ -66,6 +68,8 @@ class Node:
         self.prefetched = False
         self.fixed_agents: set[str] = set()
         self.hint = 0.0
+        self.gpu_children = 0  # children with a copy in that tier (kept by the tree)
+        self.host_children = 0
         self.serial = serial
 
     @property
@@ -90,9 +94,8 @@ class Node:
         return "+".join(tiers) or "none"
 
     def has_child_on(self, tier: Tier) -> bool:
-        if tier == "gpu":
-            return any(c.gpu_blocks is not None for c in self.children.values())
-        return any(c.host_blocks is not None for c in self.children.values())
+        """Return whether a child holds a copy in ``tier`` (O(1): counts kept by the tree)."""
+        return (self.gpu_children if tier == "gpu" else self.host_children) > 0
 
     def __repr__(self) -> str:
         return (

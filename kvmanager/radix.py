@@ -327,6 +327,7 @@ class RadixTree:
             self.free_private("gpu", blocks)
             return
         node.gpu_blocks = list(blocks)
+        _count_child(node, "gpu", +1)
         self._private["gpu"] -= len(blocks)
         self._cached["gpu"] += len(blocks)
 
@@ -336,6 +337,7 @@ class RadixTree:
         self._private["gpu"] -= len(gpu_blocks)
         self._cached["gpu"] += len(gpu_blocks)
         parent.children[keys[0]] = leaf
+        _count_child(leaf, "gpu", +1)
         return leaf
 
     def split(self, node: Node, at: int) -> Node:
@@ -354,6 +356,7 @@ class RadixTree:
             top.gpu_blocks, node.gpu_blocks = node.gpu_blocks[:at], node.gpu_blocks[at:]
         if node.host_blocks is not None:
             top.host_blocks, node.host_blocks = node.host_blocks[:at], node.host_blocks[at:]
+        top.gpu_children, top.host_children = int(node.on_gpu), int(node.on_host)
         top.lock_count = node.lock_count
         top.last_access_s = node.last_access_s
         top.accessors = {w: set(agents) for w, agents in node.accessors.items()}
@@ -439,6 +442,7 @@ class RadixTree:
             node.prefetched = False
         if not node.on_host and self._make_host_room(n, self._priority(node)):
             node.host_blocks = self.host.allocate(n)
+            _count_child(node, "host", +1)
             self._cached["host"] += n
             self.counters.d2h_blocks += n
             self.hooks.on_demote(node, blocks, node.host_blocks)
@@ -477,6 +481,7 @@ class RadixTree:
             node.gpu_blocks = None
         else:
             node.host_blocks = None
+        _count_child(node, tier, -1)
         self._index[tier].remove(node)
         if node.parent is not None and not node.parent.is_root:
             self._index[tier].update(node.parent)
@@ -552,6 +557,7 @@ class RadixTree:
             del self._loads[node.serial]
             if ok and not node.on_gpu:
                 node.gpu_blocks = blocks
+                _count_child(node, "gpu", +1)
                 self._private["gpu"] -= len(blocks)
                 self._cached["gpu"] += len(blocks)
                 node.prefetched = load.prefetch
@@ -616,6 +622,17 @@ class RadixTree:
         )
 
 
+def _count_child(node: Node, tier: str, delta: int) -> None:
+    """Keep the parent's count of children resident in ``tier`` (see Node.has_child_on)."""
+    parent = node.parent
+    if parent is None:
+        return
+    if tier == "gpu":
+        parent.gpu_children += delta
+    else:
+        parent.host_children += delta
+
+
 def _blocks(node: Node, tier: str) -> list[int] | None:
     return node.gpu_blocks if tier == "gpu" else node.host_blocks
 
@@ -631,6 +648,10 @@ def _check_node(n: Node, expected_lock: int, loads: dict[int, LoadTransfer]) -> 
         raise AssertionError(f"{n}: on the GPU below {parent}, which is not (a gap)")
     if parent.children.get(n.keys[0]) is not n:
         raise AssertionError(f"{n}: not filed under its first key in its parent")
+    for tier, counted in (("gpu", n.gpu_children), ("host", n.host_children)):
+        actual = sum(_blocks(c, tier) is not None for c in n.children.values())
+        if counted != actual:
+            raise AssertionError(f"{n}: counts {counted} {tier} children, has {actual}")
     for tier in ("gpu", "host"):
         blocks = _blocks(n, tier)
         if blocks is not None and len(blocks) != n.num_blocks:
