@@ -7,7 +7,8 @@ steps before it), so a node's next use is the nearest upcoming invocation, of a 
 workflow or of one not started yet, whose prompt contains the node's last block key. A
 running workflow's progress is anchored at the clock time its current step was
 invoked; the ``r``-th pending workflow is expected to start after ``(r + 1) /
-concurrency`` mean workflow durations (a slot frees that often on average). The estimate is written to each node's ``hint`` before evictions.
+concurrency`` mean workflow durations (a slot frees that often on average). The
+estimate is written to each node's ``hint`` before evictions.
 """
 
 from __future__ import annotations

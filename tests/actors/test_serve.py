@@ -72,7 +72,9 @@ async def test_workflows_run_to_the_end_with_ordered_lifecycle(autojump_clock, t
         expected += [AgentInvoked, PrefillDone, AgentFinished] * len(steps)
         expected += [WorkflowTerminated]
         assert [type(e) for e in seq] == expected, w
-        assert seq[0] == WorkflowStarted(w, "demo", specs[w].task_id, "", seq[0].at_s, "task text " + w[2:])
+        assert seq[0] == WorkflowStarted(
+            w, "demo", specs[w].task_id, "", seq[0].at_s, "task text " + w[2:]
+        )
         assert seq[-1].reason == "end"
         triples = zip(seq[1:-1:3], seq[2:-1:3], seq[3:-1:3], strict=True)
         for s, (invoked, prefill, finished) in enumerate(triples):
@@ -214,7 +216,11 @@ async def test_some_workflows_fail_others_finish(autojump_clock):
         outcomes = await serve_workflows(
             workload(), engine=PickyEngine(inner=inner), kv=kv, concurrency=2
         )
-    assert {o.workflow_id: o.reason for o in outcomes} == {"wf0": "end", "wf1": "error", "wf2": "end"}
+    assert {o.workflow_id: o.reason for o in outcomes} == {
+        "wf0": "end",
+        "wf1": "error",
+        "wf2": "end",
+    }
     assert_released(kv)
 
 

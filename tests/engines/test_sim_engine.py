@@ -189,11 +189,10 @@ async def test_queued_request_waits_for_gpu_room(autojump_clock):
     async def submit(rid, base):
         results[rid] = await engine.generate(request(rid, prompt(base), max_new_tokens=3))
 
-    async with running(engine):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(submit, "a", 0)
-            await trio.sleep(0.001)
-            nursery.start_soon(submit, "b", 10_000)
+    async with running(engine), trio.open_nursery() as nursery:
+        nursery.start_soon(submit, "a", 0)
+        await trio.sleep(0.001)
+        nursery.start_soon(submit, "b", 10_000)
     a, b = results["a"], results["b"]
     assert a.queue_s == 0.0
     assert b.queue_s == pytest.approx(a.e2e_s - 0.001, rel=1e-9)
@@ -208,7 +207,9 @@ async def test_prefetch_in_decode_steps_turns_a_host_hit_into_a_gpu_hit(autojump
     kv.on_workflow_started("w")
     kv.on_forecast("w", np.array([[0.0, 1.0, 0.0]]), ("planner", "coder"))
     async with running(engine):
-        await engine.generate(request("a", prompt(0), max_new_tokens=1, workflow="w", agent="coder"))
+        await engine.generate(
+            request("a", prompt(0), max_new_tokens=1, workflow="w", agent="coder")
+        )
         assert kv.tree.evict("gpu", 31) == 31  # all of it demoted to the host
         # a long pure-decode request: its idle steps prefetch the coder's prefix back
         await engine.generate(request("d", prompt(50_000, 16), max_new_tokens=40))
@@ -216,7 +217,11 @@ async def test_prefetch_in_decode_steps_turns_a_host_hit_into_a_gpu_hit(autojump
     assert (again.cached_gpu_tokens, again.cached_host_tokens) == (31 * BS, 0)
     assert again.ttft_s == pytest.approx(COST.prefill_s(PROMPT - 31 * BS, 31 * BS), rel=1e-12)
     s = kv.statistics()
-    assert (s.prefetch_issued_blocks, s.prefetch_used_blocks, s.prefetch_wasted_blocks) == (31, 31, 0)
+    assert (s.prefetch_issued_blocks, s.prefetch_used_blocks, s.prefetch_wasted_blocks) == (
+        31,
+        31,
+        0,
+    )
     assert engine.statistics().prefetch_steps == 1
     assert_no_leases(engine)
 
@@ -234,10 +239,9 @@ def _workload_figures(seed: int):
             shared = prompt(0, 256) + prompt(1_000 * (i % 4) + 5_000, 200)
             results[i] = await engine.generate(request(f"r{i}", shared, max_new_tokens=3 + i % 5))
 
-        async with running(engine):
-            async with trio.open_nursery() as nursery:
-                for i in range(10):
-                    nursery.start_soon(submit, i)
+        async with running(engine), trio.open_nursery() as nursery:
+            for i in range(10):
+                nursery.start_soon(submit, i)
         assert_no_leases(engine)
         return results, engine.statistics(), engine.kv.statistics()
 

@@ -18,9 +18,12 @@ AGENTS = ("a", "b", "c")
 WORKFLOWS = ("w0", "w1", "w2")
 ALPHABET = st.integers(min_value=0, max_value=1)  # few symbols: prefixes collide often
 GAMMA = 0.8
-PROMPTS = st.lists(ALPHABET, min_size=1, max_size=6)
+MAX_PROMPT = 6
+PROMPTS = st.lists(ALPHABET, min_size=1, max_size=MAX_PROMPT)
 OUTPUTS = st.lists(ALPHABET, min_size=1, max_size=3)
 WORKFLOW = st.sampled_from((*WORKFLOWS, None))
+AGENT = st.sampled_from(AGENTS)
+REUSE = st.one_of(st.none(), st.integers(0, 100))
 
 
 @dataclass(eq=False)
@@ -58,6 +61,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.load_ok: dict[LoadTransfer, bool] = {}  # outcome, once completed
         self.active: set[str] = set()
         self.forecasts: dict[str, np.ndarray] = {}
+        self.history: list[list[int]] = []  # sequences admitted so far, to ask for again
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -74,7 +78,10 @@ class KVManagerMachine(RuleBasedStateMachine):
 
     # -- rules ------------------------------------------------------------------------
 
-    def _admit(self, prompt, output, workflow, agent):
+    def _admit(self, prompt, output, workflow, agent, reuse):
+        if reuse is not None and self.history:  # a cached sequence, extended: hits, reloads
+            prompt = (self.history[reuse % len(self.history)] + prompt)[:MAX_PROMPT]
+        self.history.append(prompt + output)
         if workflow is not None and workflow not in self.active:
             self.start_workflow(workflow)  # the actor sends WorkflowStarted first
         self.clock.advance()
@@ -100,14 +107,14 @@ class KVManagerMachine(RuleBasedStateMachine):
         return live
 
     @precondition(lambda self: len(self.live) < 3)
-    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=st.sampled_from(AGENTS))
-    def admit(self, prompt, output, workflow, agent):
-        self._admit(prompt, output, workflow, agent)
+    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=AGENT, reuse=REUSE)
+    def admit(self, prompt, output, workflow, agent, reuse):
+        self._admit(prompt, output, workflow, agent, reuse)
 
-    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=st.sampled_from(AGENTS))
-    def serve(self, prompt, output, workflow, agent):
+    @rule(prompt=PROMPTS, output=OUTPUTS, workflow=WORKFLOW, agent=AGENT, reuse=REUSE)
+    def serve(self, prompt, output, workflow, agent, reuse):
         """A whole request as an engine runs it: admit, load, commit twice, release."""
-        live = self._admit(prompt, output, workflow, agent)
+        live = self._admit(prompt, output, workflow, agent, reuse)
         if live is None:
             return
         waiting = [load for load in live.loads if load not in self.load_ok]
@@ -118,8 +125,8 @@ class KVManagerMachine(RuleBasedStateMachine):
             self.live.remove(live)
             self.kv.release(live.admission)
             return
-        self.kv.commit(live.admission, self._keys(prompt))
-        self.kv.commit(live.admission, self._keys(prompt + output))
+        self.kv.commit(live.admission, self._keys(live.prompt))
+        self.kv.commit(live.admission, self._keys(live.prompt + live.output))
         self.live.remove(live)
         self.kv.release(live.admission)
 
@@ -170,6 +177,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.kv.release(live.admission)
         assert live.admission.done and live.admission.private_blocks == []
 
+    @precondition(lambda self: len(self.active) < len(WORKFLOWS))
     @rule(workflow=st.sampled_from(WORKFLOWS))
     def start_workflow(self, workflow):
         self.kv.on_workflow_started(workflow)
@@ -207,6 +215,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         else:
             assert refreshed == 0
 
+    @precondition(lambda self: self.kv.policy.prefetch != "none")
     @rule(step_s=st.sampled_from([0.1, 0.2, 0.5]))
     def prefetch(self, step_s):
         retired_gpu = sum(n.num_blocks for n in self.kv.tree.nodes() if n.on_gpu and n.retired)
@@ -221,17 +230,25 @@ class KVManagerMachine(RuleBasedStateMachine):
             assert load.prefetch
         self._track(loads)
 
-    @rule(tier=st.sampled_from(["gpu", "host"]), n=st.integers(1, 6))
+    @rule(tier=st.sampled_from(["gpu", "gpu", "host"]), n=st.integers(1, 6))
     def evict(self, tier, n):
         cached = self.kv.tree.cached_blocks(tier)
         freed = self.kv.tree.evict(tier, n)
         assert 0 <= freed <= cached
 
-    @precondition(lambda self: not self.live and not self.pending)
-    @rule()
-    def evict_everything(self):
-        """With no lease left, every cached block is evictable: the index lost none."""
+    def teardown(self):
+        """Once every request and load has ended, every cached block is evictable (the
+        eviction index lost none) and both tiers drain completely."""
+        if not hasattr(self, "kv"):
+            return
+        for live in self.live:
+            self.kv.release(live.admission)
+        while self.pending:
+            self._complete(self.pending[0], ok=True)
+        self.kv.check_integrity()
         tree = self.kv.tree
+        assert tree.private_blocks("gpu") == 0
+        assert all(n.lock_count == 0 for n in tree.nodes())
         tree.evict("gpu", tree.cached_blocks("gpu"))
         assert tree.cached_blocks("gpu") == 0
         tree.evict("host", tree.cached_blocks("host"))
@@ -248,18 +265,26 @@ class KVManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def leased_prefixes_stay_cached(self):
+        bs = self.kv.config.block_size
         for live in self.live:
             adm = live.admission
-            node, keys = adm.lease.node, []
+            node, path = adm.lease.node, []
             while not node.is_root:
                 parent = node.parent
                 assert parent.children.get(node.keys[0]) is node, f"{node} left the tree"
-                assert node.on_gpu or node.on_host
-                keys[:0] = node.keys
+                path.insert(0, node)
                 node = parent
             assert node is self.kv.tree.root(adm.request.namespace)
             done = live.prompt + live.output if live.stage == 2 else live.prompt
-            assert keys == self._keys(done)[: adm.committed_blocks]
+            assert [k for n in path for k in n.keys] == self._keys(done)[: adm.committed_blocks]
+            # a leased GPU copy is never demoted: the matched GPU prefix, and after a
+            # commit the whole committed sequence, stays on the GPU
+            gpu_depth = adm.committed_blocks if live.stage else adm.cached_gpu_tokens // bs
+            depth = 0
+            for n in path:
+                depth += n.num_blocks
+                assert n.on_gpu or n.on_host
+                assert n.on_gpu or depth > gpu_depth, f"leased {n} left the GPU"
 
     @invariant()
     def hits_never_exceed_prompts(self):
@@ -270,8 +295,6 @@ class KVManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def scores_match_forecasts(self):
-        if not hasattr(self, "kv"):
-            return
         for node in self.kv.tree.nodes():
             assert set(node.accessors) <= self.active
             if node.accessors:

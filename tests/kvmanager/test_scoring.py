@@ -36,8 +36,14 @@ def test_agent_weights_by_hand():
     )
     u, next_step = agent_weights(forecast, AGENTS, gamma=0.5)
     # survival 1, .8, .64; decay 1, .5, .25
-    assert u == pytest.approx({"planner": 0.2 + 0.25 * 0.64 * 0.5, "coder": 0.5 + 0.5 * 0.8 * 0.6,
-                               "tester": 0.1 + 0.5 * 0.8 * 0.2}, abs=1e-12)
+    assert u == pytest.approx(
+        {
+            "planner": 0.2 + 0.25 * 0.64 * 0.5,
+            "coder": 0.5 + 0.5 * 0.8 * 0.6,
+            "tester": 0.1 + 0.5 * 0.8 * 0.2,
+        },
+        abs=1e-12,
+    )
     assert u == pytest.approx({"planner": 0.28, "coder": 0.74, "tester": 0.18}, abs=1e-12)
     assert next_step == {"planner": 0.2, "coder": 0.5, "tester": 0.1}
 
@@ -113,7 +119,9 @@ class Reference:
         """Return ``Score(c)`` and whether ``c`` is retired, from the touches alone."""
         live = {p for key in node_keys for p in self.touched[key]}
         score = sum(
-            reference_weight(self.forecasts[w], a, self.gamma) for w, a in live if w in self.forecasts
+            reference_weight(self.forecasts[w], a, self.gamma)
+            for w, a in live
+            if w in self.forecasts
         )
         return score, not live
 
