@@ -23,16 +23,23 @@ lines), deterministic per ``(seed, workflow, step)``.
 
 from __future__ import annotations
 
-import functools
 import random
-import string
 from dataclasses import dataclass
 
 import numpy as np
 
-from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.actors.workload import Step
 from pbkv.examples import codegen_prompts as text
-from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.chat import (
+    END_OF_TURN,
+    Transcript,
+    render_message,
+    system_prompt,
+    tool_message,
+)
+from pbkv.examples.filler import fill_lines
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
 
@@ -74,6 +81,10 @@ class CodegenTask:
     language: str
     domain: str
 
+    def features(self) -> dict[str, float | str]:
+        """Return the hidden features, as ``Workflow.task_features``."""
+        return {"difficulty": self.difficulty, "language": self.language, "domain": self.domain}
+
 
 def failure_probability(difficulty: float, language: str, domain: str, retry: int) -> float:
     """Return the probability that the test run after ``retry`` earlier retries fails.
@@ -104,9 +115,7 @@ def sample_task(rng: np.random.Generator, task_id: str) -> CodegenTask:
 
 
 def _cue(rng: np.random.Generator, difficulty: float) -> str:
-    noisy = difficulty + rng.normal(0.0, 0.15)
-    tier = 0 if noisy < 0.35 else 1 if noisy < 0.7 else 2
-    return str(rng.choice(text.CUES[tier]))
+    return str(rng.choice(text.CUES[noisy_tier(rng, difficulty)]))
 
 
 def sample_path(task: CodegenTask, rng: np.random.Generator) -> tuple[tuple[str, ...], str]:
@@ -121,7 +130,57 @@ def sample_path(task: CodegenTask, rng: np.random.Generator) -> tuple[tuple[str,
     return tuple(path), "recursion_limit"
 
 
-class CodegenApp:
+def _build_steps(
+    task: CodegenTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
+) -> tuple[Step, ...]:
+    """Build the steps of ``path``; each context extends the previous one.
+
+    ``end_reason`` is not used: no output says how the workflow ends.
+    """
+    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Task\n{task.text}")))
+    steps: list[Step] = []
+    for agent in path:
+        gap_bounds_s = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if steps else (0.0, 0.0)
+        output = _output(agent, task, rng)
+        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
+        if agent == "tester":
+            chat.append(_test_log(rng))
+    return tuple(steps)
+
+
+def _output(agent: str, task: CodegenTask, rng: np.random.Generator) -> tuple[int, ...]:
+    """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``."""
+    n_tokens = draw_tokens(
+        rng, OUTPUT_TOKENS[agent], DIFFICULTY_BONUS_TOKENS[agent] * task.difficulty
+    )
+    if agent == "coder":
+        header = f"Editing the {task.language} sources for the {task.domain} task.\n```\n"
+    else:
+        header = ""
+    return fill_lines(header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values, END_OF_TURN)
+
+
+def _test_log(rng: np.random.Generator) -> tuple[int, ...]:
+    """Return a ``tool`` message holding a failed test run's log."""
+    n_tokens = draw_tokens(rng, TEST_LOG_TOKENS)
+    log = fill_lines("", text.TEST_LOG_LINES, n_tokens, rng, _line_values)
+    return tool_message(log, "\n=== FAILED ===")
+
+
+def _line_values(draw: random.Random) -> dict[str, str]:
+    """Draw every slot's value for one line, whether the line uses the slot or not."""
+    name = draw.choice(text.IDENTIFIERS)
+    return {
+        "name": name,
+        "Name": name.title().replace("_", ""),
+        "module": f"src/{name}_{draw.randrange(100)}.py",
+        "topic": draw.choice(text.TOPICS),
+        "n": str(draw.randrange(1, 64)),
+        "m": str(draw.randrange(64, 512)),
+    }
+
+
+class CodegenApp(RoutedApp[CodegenTask]):
     """Planner → Coder → Tester with an Analyzer retry loop (see the module docstring)."""
 
     name = "codegen"
@@ -135,147 +194,9 @@ class CodegenApp:
         ("analyzer", "coder"),
     )
 
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Generate ``n_workflows`` workflows; workflow ``i`` depends only on ``(seed, i)``.
-
-        Raises:
-            ValueError: ``n_workflows`` or ``seed`` is negative.
-        """
-        check_count(n_workflows)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        return [self.generate_one(seed, i) for i in range(n_workflows)]
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, route_rng, output_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence([seed, index]).spawn(3)
-        )
-        task = sample_task(task_rng, f"{seed}-{index}")
-        path, end_reason = sample_path(task, route_rng)
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=task.task_id,
-            task_text=task.text,
-            steps=_build_steps(task, path, output_rng),
-            task_features={
-                "difficulty": task.difficulty,
-                "language": task.language,
-                "domain": task.domain,
-            },
-            end_reason=end_reason,
-        )
-
-
-def _build_steps(
-    task: CodegenTask, path: tuple[str, ...], rng: np.random.Generator
-) -> tuple[Step, ...]:
-    """Build the steps of ``path``; each context extends the previous one."""
-    preamble, roles = _fixed_segments()
-    history = encode(f"<|im_start|>user\n## Task\n{task.text}<|im_end|>\n")
-    steps: list[Step] = []
-    for agent in path:
-        opener = _opener(agent)
-        low, high = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if steps else (0.0, 0.0)
-        output = _output(agent, task, rng)
-        steps.append(
-            Step(
-                agent=agent,
-                segments=(preamble, roles[agent], Segment("context", history + opener)),
-                output_token_ids=output,
-                gap_s=round(float(rng.uniform(low, high)), 3),
-            )
-        )
-        history += opener + output
-        if agent == "tester":
-            history += _test_log(rng)
-    return tuple(steps)
-
-
-@functools.cache
-def _fixed_segments() -> tuple[Segment, dict[str, Segment]]:
-    preamble = Segment("preamble", encode(f"<|im_start|>system\n{text.render_preamble()}\n\n"))
-    roles = {a: Segment("role", encode(f"{text.ROLE_PROMPTS[a]}<|im_end|>\n")) for a in AGENTS}
-    return preamble, roles
-
-
-@functools.cache
-def _opener(agent: str) -> tuple[int, ...]:
-    return encode(f"<|im_start|>assistant\n{agent.capitalize()}:\n")
-
-
-@functools.cache
-def _im_end() -> tuple[int, ...]:
-    return encode("<|im_end|>\n")
-
-
-def _output(agent: str, task: CodegenTask, rng: np.random.Generator) -> tuple[int, ...]:
-    """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``."""
-    low, high = OUTPUT_TOKENS[agent]
-    n_tokens = int(rng.integers(low, high + 1)) + int(
-        DIFFICULTY_BONUS_TOKENS[agent] * task.difficulty
-    )
-    if agent == "coder":
-        header = f"Editing the {task.language} sources for the {task.domain} task.\n```\n"
-    else:
-        header = ""
-    body = _filler(header, text.OUTPUT_BLOCKS[agent], n_tokens - len(_im_end()), rng)
-    return body + _im_end()
-
-
-def _test_log(rng: np.random.Generator) -> tuple[int, ...]:
-    """Return a ``tool`` message holding a failed test run's log."""
-    n_tokens = int(rng.integers(TEST_LOG_TOKENS[0], TEST_LOG_TOKENS[1] + 1))
-    start = _encode_cached("<|im_start|>tool\n")
-    end = _encode_cached("\n=== FAILED ===<|im_end|>\n")
-    return start + _filler("", text.TEST_LOG_LINES, n_tokens, rng) + end
-
-
-def _filler(
-    header: str, lines: tuple[str, ...], n_tokens: int, rng: np.random.Generator
-) -> tuple[int, ...]:
-    """Return ``header`` then random filled-in ``lines`` as exactly ``n_tokens`` ids.
-
-    Template pieces and slot values are tokenized once and concatenated, so an output
-    costs no tokenizer call; the ids are real and decode to the filled-in text.
-    """
-    draw = random.Random(int(rng.integers(2**63)))
-    ids = list(_encode_cached(header))
-    while len(ids) < n_tokens:
-        ids += _fill(draw.choice(lines), draw)
-    return tuple(ids[:n_tokens])
-
-
-def _fill(template: str, draw: random.Random) -> list[int]:
-    """Return the ids of ``template`` with its slots filled in, newline included."""
-    name = draw.choice(text.IDENTIFIERS)
-    values = {
-        "name": name,
-        "Name": name.title().replace("_", ""),
-        "module": f"src/{name}_{draw.randrange(100)}.py",
-        "topic": draw.choice(text.TOPICS),
-        "n": str(draw.randrange(1, 64)),
-        "m": str(draw.randrange(64, 512)),
-    }
-    ids: list[int] = []
-    for literal, slot in _template_pieces(template):
-        ids += literal
-        if slot:
-            ids += _encode_cached(values[slot])
-    return ids
-
-
-@functools.cache
-def _template_pieces(template: str) -> tuple[tuple[tuple[int, ...], str | None], ...]:
-    """Split ``template`` (plus a newline) into (literal ids, following slot name) pairs."""
-    parsed = string.Formatter().parse(template + "\n")
-    return tuple((_encode_cached(literal), slot) for literal, slot, _, _ in parsed)
-
-
-@functools.cache
-def _encode_cached(piece: str) -> tuple[int, ...]:
-    return encode(piece)
+    sample_task = staticmethod(sample_task)
+    sample_path = staticmethod(sample_path)
+    build_steps = staticmethod(_build_steps)
 
 
 register_app(CodegenApp.name, CodegenApp)

@@ -6,18 +6,8 @@ rendered to plain English and code; :mod:`pbkv.examples.codegen` tokenizes it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-
-class ToolSpec(NamedTuple):
-    """One tool the agents may call, as the preamble documents it."""
-
-    name: str
-    summary: str
-    params: tuple[tuple[str, str, str], ...]  # (name, type, meaning)
-    returns: str
-    example: str
-
+from pbkv.examples import preamble
+from pbkv.examples.preamble import Guidelines, ToolSpec
 
 INTRO = """\
 You are one member of an automated software engineering team. The team receives one \
@@ -28,7 +18,7 @@ sees the task, the shared guidelines below, its own role instructions, and every
 team has written so far in this session. Write for your teammates: they are careful \
 engineers who will act on exactly what you say, so be precise, complete and brief."""
 
-GUIDELINES: tuple[tuple[str, tuple[str, ...]], ...] = (
+GUIDELINES: Guidelines = (
     (
         "Correctness first",
         (
@@ -186,17 +176,7 @@ or earlier messages back to the team; refer to them by step number instead."""
 
 def render_preamble() -> str:
     """Return the shared system/tool preamble every codegen agent sees first."""
-    parts = [INTRO, "", "## Engineering guidelines"]
-    for title, rules in GUIDELINES:
-        parts.append(f"### {title}")
-        parts.extend(f"- {rule}" for rule in rules)
-    parts += ["", "## Tools", "You can call these tools. Arguments are JSON values."]
-    for tool in TOOLS:
-        parts.append(f"### {tool.name}\n{tool.summary}\nParameters:")
-        parts.extend(f"- `{name}` ({kind}): {meaning}" for name, kind, meaning in tool.params)
-        parts.append(f"Returns: {tool.returns}.\nExample:\n{tool.example}")
-    parts += ["", PROTOCOL]
-    return "\n".join(parts)
+    return preamble.render_preamble(INTRO, "Engineering guidelines", GUIDELINES, TOOLS, PROTOCOL)
 
 
 ROLE_PROMPTS: dict[str, str] = {

@@ -31,15 +31,22 @@ tables and results), deterministic per ``(seed, workflow, step)``.
 from __future__ import annotations
 
 import functools
-import random
-import string
 from dataclasses import dataclass
 
 import numpy as np
 
-from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.actors.workload import Step, Workflow
 from pbkv.examples import financebench_prompts as text
-from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.apps import SeededApp, register_app
+from pbkv.examples.chat import (
+    END_OF_TURN,
+    Transcript,
+    end_of_turn,
+    render_message,
+    system_prompt,
+)
+from pbkv.examples.filler import LineValues, fill_lines, from_pools
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
 
@@ -89,6 +96,15 @@ class FinanceTask:
     company: str
     fiscal_year: int
 
+    def features(self) -> dict[str, float | str]:
+        """Return the hidden features, as ``Workflow.task_features``."""
+        return {
+            "question_type": self.question_type,
+            "complexity": self.complexity,
+            "company": self.company,
+            "fiscal_year": float(self.fiscal_year),
+        }
+
 
 def sample_task(rng: np.random.Generator, task_id: str) -> FinanceTask:
     """Draw a question: its type and complexity, a company, a year, then the wording."""
@@ -108,146 +124,41 @@ def sample_task(rng: np.random.Generator, task_id: str) -> FinanceTask:
     return FinanceTask(task_id, task_text, question_type, complexity, company, year)
 
 
-class FinanceBenchApp:
-    """A static five-agent sequential crew (see the module docstring)."""
-
-    name = "financebench"
-    agents = AGENTS
-    entry_agents = ("researcher",)
-    edges = (
-        ("researcher", "analyst"),
-        ("analyst", "calculator"),
-        ("calculator", "writer"),
-        ("writer", "reviewer"),
-        ("reviewer", END),
-    )
-
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Generate ``n_workflows`` workflows; workflow ``i`` depends only on ``(seed, i)``.
-
-        Raises:
-            ValueError: ``n_workflows`` or ``seed`` is negative.
-        """
-        check_count(n_workflows)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        return [self.generate_one(seed, i) for i in range(n_workflows)]
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, output_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence([seed, index]).spawn(2)
-        )
-        task = sample_task(task_rng, f"{seed}-{index}")
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=task.task_id,
-            task_text=task.text,
-            steps=_build_steps(task, output_rng),
-            task_features={
-                "question_type": task.question_type,
-                "complexity": task.complexity,
-                "company": task.company,
-                "fiscal_year": float(task.fiscal_year),
-            },
-        )
-
-
 def _build_steps(task: FinanceTask, rng: np.random.Generator) -> tuple[Step, ...]:
     """Build the five steps; each context extends the previous one."""
-    preamble, roles = _fixed_segments()
-    history = encode(f"<|im_start|>user\n## Task\n{task.text}<|im_end|>\n") + _excerpt(task, rng)
+    question = encode(render_message("user", f"## Task\n{task.text}"))
+    chat = Transcript(system_prompt(text), question + _excerpt(task, rng))
     steps: list[Step] = []
     for agent in AGENTS:
-        opener = _opener(agent)
-        low, high = GAP_BEFORE_S.get(agent, (0.0, 0.0))
         output = _output(agent, task, rng)
-        steps.append(
-            Step(
-                agent=agent,
-                segments=(preamble, roles[agent], Segment("context", history + opener)),
-                output_token_ids=output,
-                gap_s=round(float(rng.uniform(low, high)), 3),
-            )
-        )
-        history += opener + output
+        gap_s = draw_gap_s(rng, GAP_BEFORE_S.get(agent, (0.0, 0.0)))
+        steps.append(chat.take_turn(agent, output, gap_s))
     return tuple(steps)
-
-
-@functools.cache
-def _fixed_segments() -> tuple[Segment, dict[str, Segment]]:
-    preamble = Segment("preamble", encode(f"<|im_start|>system\n{text.render_preamble()}\n\n"))
-    roles = {a: Segment("role", encode(f"{text.ROLE_PROMPTS[a]}<|im_end|>\n")) for a in AGENTS}
-    return preamble, roles
-
-
-@functools.cache
-def _opener(agent: str) -> tuple[int, ...]:
-    return encode(f"<|im_start|>assistant\n{agent.capitalize()}:\n")
-
-
-@functools.cache
-def _im_end() -> tuple[int, ...]:
-    return encode("<|im_end|>\n")
 
 
 def _excerpt(task: FinanceTask, rng: np.random.Generator) -> tuple[int, ...]:
     """Return the 10-K excerpt as a user message of realistic length."""
-    n_tokens = int(rng.integers(EXCERPT_TOKENS[0], EXCERPT_TOKENS[1] + 1)) + int(
-        EXCERPT_COMPLEXITY_TOKENS * task.complexity
-    )
+    n_tokens = draw_tokens(rng, EXCERPT_TOKENS, EXCERPT_COMPLEXITY_TOKENS * task.complexity)
     header = f"<|im_start|>user\n## Form 10-K excerpt: {task.company}, fiscal {task.fiscal_year}\n"
-    body = _filler(header, text.EXCERPT_LINES, n_tokens, task.fiscal_year, rng)
-    return body + _im_end()
+    body = fill_lines(header, text.EXCERPT_LINES, n_tokens, rng, _line_values(task))
+    return body + end_of_turn()
 
 
 def _output(agent: str, task: FinanceTask, rng: np.random.Generator) -> tuple[int, ...]:
     """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``."""
-    low, high = OUTPUT_TOKENS[agent]
-    n_tokens = int(rng.integers(low, high + 1)) + int(
-        COMPLEXITY_BONUS_TOKENS[agent] * task.complexity
-    )
+    bonus = COMPLEXITY_BONUS_TOKENS[agent] * task.complexity
+    n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
     header = ""
     if agent == "reviewer":
         header = text.REVIEW_VERDICTS[int(rng.random() < 0.1 + 0.3 * task.complexity)]
-    body = _filler(
-        header, text.OUTPUT_BLOCKS[agent], n_tokens - len(_im_end()), task.fiscal_year, rng
+    return fill_lines(
+        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values(task), END_OF_TURN
     )
-    return body + _im_end()
 
 
-def _filler(
-    header: str, lines: tuple[str, ...], n_tokens: int, year: int, rng: np.random.Generator
-) -> tuple[int, ...]:
-    """Return ``header`` then random filled-in ``lines`` as exactly ``n_tokens`` ids.
-
-    A header longer than ``n_tokens`` is returned whole. Template pieces and slot values
-    are tokenized once and concatenated, so an output costs no tokenizer call; the ids
-    are real and decode to the filled-in text.
-    """
-    draw = random.Random(int(rng.integers(2**63)))
-    ids = list(_encode_cached(header))
-    n_tokens = max(n_tokens, len(ids))
-    while len(ids) < n_tokens:
-        ids += _fill(draw.choice(lines), year, draw)
-    return tuple(ids[:n_tokens])
-
-
-def _fill(template: str, year: int, draw: random.Random) -> list[int]:
-    """Return the ids of ``template`` with its slots filled in, newline included.
-
-    A slot that appears twice in ``template`` gets the same value both times.
-    """
-    values: dict[str, str] = {}
-    ids: list[int] = []
-    for literal, slot in _template_pieces(template):
-        ids += literal
-        if slot:
-            if slot not in values:
-                values[slot] = draw.choice(_pools(year)[slot])
-            ids += _encode_cached(values[slot])
-    return ids
+def _line_values(task: FinanceTask) -> LineValues:
+    """Return how filing lines draw their slots: years from the task's fiscal year."""
+    return from_pools(_pools(task.fiscal_year))
 
 
 @functools.cache
@@ -273,16 +184,25 @@ def _pools(year: int) -> dict[str, tuple[str, ...]]:
     }
 
 
-@functools.cache
-def _template_pieces(template: str) -> tuple[tuple[tuple[int, ...], str | None], ...]:
-    """Split ``template`` (plus a newline) into (literal ids, following slot name) pairs."""
-    parsed = string.Formatter().parse(template + "\n")
-    return tuple((_encode_cached(literal), slot) for literal, slot, _, _ in parsed)
+class FinanceBenchApp(SeededApp):
+    """A static five-agent sequential crew (see the module docstring)."""
 
+    name = "financebench"
+    agents = AGENTS
+    entry_agents = ("researcher",)
+    edges = (
+        ("researcher", "analyst"),
+        ("analyst", "calculator"),
+        ("calculator", "writer"),
+        ("writer", "reviewer"),
+        ("reviewer", END),
+    )
 
-@functools.cache
-def _encode_cached(piece: str) -> tuple[int, ...]:
-    return encode(piece)
+    def generate_one(self, seed: int, index: int) -> Workflow:
+        """Generate workflow ``index`` of the workload drawn with ``seed``."""
+        task_rng, output_rng = spawn_rngs(seed, index, 2)
+        task = sample_task(task_rng, f"{seed}-{index}")
+        return self.build_workflow(seed, index, task, _build_steps(task, output_rng), "end")
 
 
 register_app(FinanceBenchApp.name, FinanceBenchApp)

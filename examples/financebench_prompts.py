@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pbkv.examples.codegen_prompts import ToolSpec
+from pbkv.examples import preamble
+from pbkv.examples.preamble import Guidelines, ToolSpec
 
 INTRO = """\
 You are one member of a crew of financial analysts that answers questions about public \
@@ -24,7 +25,7 @@ of the members before it. The people who read the final answer make investment d
 with it, so accuracy matters more than speed, and a clearly stated limitation is better \
 than a confident mistake."""
 
-GUIDELINES: tuple[tuple[str, tuple[str, ...]], ...] = (
+GUIDELINES: Guidelines = (
     (
         "Reading a 10-K",
         (
@@ -124,17 +125,7 @@ your task asks for; the next member receives exactly that."""
 
 def render_preamble() -> str:
     """Return the shared system/tool preamble every financebench agent sees first."""
-    parts = [INTRO, "", "## Crew guidelines"]
-    for title, rules in GUIDELINES:
-        parts.append(f"### {title}")
-        parts.extend(f"- {rule}" for rule in rules)
-    parts += ["", "## Tools", "You can call these tools. Arguments are JSON values."]
-    for tool in TOOLS:
-        parts.append(f"### {tool.name}\n{tool.summary}\nParameters:")
-        parts.extend(f"- `{name}` ({kind}): {meaning}" for name, kind, meaning in tool.params)
-        parts.append(f"Returns: {tool.returns}.\nExample:\n{tool.example}")
-    parts += ["", PROTOCOL]
-    return "\n".join(parts)
+    return preamble.render_preamble(INTRO, "Crew guidelines", GUIDELINES, TOOLS, PROTOCOL)
 
 
 ROLE_PROMPTS: dict[str, str] = {

@@ -35,16 +35,24 @@ fictional entities of :mod:`pbkv.examples.hover_prompts`), deterministic per
 from __future__ import annotations
 
 import functools
-import random
 import string
 from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
 
-from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.actors.workload import Step
 from pbkv.examples import hover_prompts as text
-from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.chat import (
+    END_OF_TURN,
+    Transcript,
+    render_message,
+    system_prompt,
+    tool_message,
+)
+from pbkv.examples.filler import fill_lines, from_pools
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
 
@@ -92,6 +100,10 @@ class HoverTask:
     hops: int
     difficulty: float
 
+    def features(self) -> dict[str, float | str]:
+        """Return the hidden features, as ``Workflow.task_features``."""
+        return {"hops": float(self.hops), "difficulty": self.difficulty}
+
 
 def replan_probability(difficulty: float, hops: int, replan: int) -> float:
     """Return the probability that the Verifier asks for a re-plan after ``replan`` re-plans.
@@ -112,14 +124,9 @@ def sample_task(rng: np.random.Generator, task_id: str) -> HoverTask:
     """Draw a claim: features first, then a text whose cues depend on them (with noise)."""
     hops = int(rng.choice(HOPS, p=HOP_WEIGHTS))
     difficulty = float(rng.random())
-    claim = _claim(rng, hops, _tier(rng, difficulty))
+    claim = _claim(rng, hops, noisy_tier(rng, difficulty))
     instruction = str(rng.choice(text.INSTRUCTIONS))
     return HoverTask(task_id, f"Claim: {claim}\n{instruction}", hops, difficulty)
-
-
-def _tier(rng: np.random.Generator, difficulty: float) -> int:
-    noisy = difficulty + rng.normal(0.0, 0.15)
-    return 0 if noisy < 0.35 else 1 if noisy < 0.7 else 2
 
 
 def _claim(rng: np.random.Generator, hops: int, tier: int) -> str:
@@ -161,89 +168,21 @@ def sample_path(task: HoverTask, rng: np.random.Generator) -> tuple[tuple[str, .
     return tuple(path), "recursion_limit"
 
 
-class HoverApp:
-    """Multi-hop claim verification with a re-plan loop (see the module docstring)."""
-
-    name = "hover"
-    agents = AGENTS
-    entry_agents = ("decomposer",)
-    edges = (
-        ("decomposer", "retriever"),
-        ("retriever", "reader"),
-        ("reader", "query_rewriter"),
-        ("reader", "verifier"),
-        ("query_rewriter", "retriever"),
-        ("verifier", END),
-        ("verifier", "decomposer"),
-    )
-
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Generate ``n_workflows`` workflows; workflow ``i`` depends only on ``(seed, i)``.
-
-        Raises:
-            ValueError: ``n_workflows`` or ``seed`` is negative.
-        """
-        check_count(n_workflows)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        return [self.generate_one(seed, i) for i in range(n_workflows)]
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, route_rng, output_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence([seed, index]).spawn(3)
-        )
-        task = sample_task(task_rng, f"{seed}-{index}")
-        path, end_reason = sample_path(task, route_rng)
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=task.task_id,
-            task_text=task.text,
-            steps=_build_steps(task, path, end_reason, output_rng),
-            task_features={"hops": float(task.hops), "difficulty": task.difficulty},
-            end_reason=end_reason,
-        )
-
-
 def _build_steps(
     task: HoverTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
 ) -> tuple[Step, ...]:
     """Build the steps of ``path``; each context extends the previous one."""
-    preamble, roles = _fixed_segments()
-    history = encode(f"<|im_start|>user\n## Task\n{task.text}<|im_end|>\n")
+    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Task\n{task.text}")))
     steps: list[Step] = []
     for i, agent in enumerate(path):
-        opener = _opener(agent)
-        low, high = GAP_BEFORE_S[agent] if steps else (0.0, 0.0)
+        gap_bounds_s = GAP_BEFORE_S[agent] if steps else (0.0, 0.0)
         # every Verifier of a capped workflow asked for a re-plan
         replans = end_reason == "recursion_limit" or path[i + 1 : i + 2] == ("decomposer",)
         output = _output(agent, task, replans, rng)
-        steps.append(
-            Step(
-                agent=agent,
-                segments=(preamble, roles[agent], Segment("context", history + opener)),
-                output_token_ids=output,
-                gap_s=round(float(rng.uniform(low, high)), 3),
-            )
-        )
-        history += opener + output
+        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
         if agent == "retriever":
-            history += _passages(rng)
+            chat.append(_passages(rng))
     return tuple(steps)
-
-
-@functools.cache
-def _fixed_segments() -> tuple[Segment, dict[str, Segment]]:
-    preamble = Segment("preamble", encode(f"<|im_start|>system\n{text.render_preamble()}\n\n"))
-    roles = {a: Segment("role", encode(f"{text.ROLE_PROMPTS[a]}<|im_end|>\n")) for a in AGENTS}
-    return preamble, roles
-
-
-@functools.cache
-def _opener(agent: str) -> tuple[int, ...]:
-    title = agent.replace("_", " ").title().replace(" ", "")
-    return encode(f"<|im_start|>assistant\n{title}:\n")
 
 
 def _output(
@@ -253,61 +192,21 @@ def _output(
 
     A Verifier's output opens with its verdict: a re-plan request when ``replans``.
     """
-    low, high = OUTPUT_TOKENS[agent]
-    n_tokens = int(rng.integers(low, high + 1)) + int(
-        DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
-    )
+    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
+    n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
     header = ""
     if agent == "verifier":
         verdict = "replan" if replans else str(rng.choice(["supported", "refuted"]))
         header = text.VERDICTS[verdict]
-    body = _filler(header, text.OUTPUT_BLOCKS[agent], n_tokens - len(_im_end()), rng)
-    return body + _im_end()
+    return fill_lines(
+        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, from_pools(_pools()), END_OF_TURN
+    )
 
 
 def _passages(rng: np.random.Generator) -> tuple[int, ...]:
     """Return a ``tool`` message holding one search's retrieved passages."""
-    n_tokens = int(rng.integers(PASSAGE_TOKENS[0], PASSAGE_TOKENS[1] + 1))
-    start = _encode_cached("<|im_start|>tool\n")
-    return start + _filler("", text.PASSAGE_LINES, n_tokens, rng) + _im_end()
-
-
-@functools.cache
-def _im_end() -> tuple[int, ...]:
-    return encode("<|im_end|>\n")
-
-
-def _filler(
-    header: str, lines: tuple[str, ...], n_tokens: int, rng: np.random.Generator
-) -> tuple[int, ...]:
-    """Return ``header`` then random filled-in ``lines`` as exactly ``n_tokens`` ids.
-
-    A header longer than ``n_tokens`` is returned whole. Template pieces and slot values
-    are tokenized once and concatenated, so an output costs no tokenizer call; the ids
-    are real and decode to the filled-in text.
-    """
-    draw = random.Random(int(rng.integers(2**63)))
-    ids = list(_encode_cached(header))
-    n_tokens = max(n_tokens, len(ids))
-    while len(ids) < n_tokens:
-        ids += _fill(draw.choice(lines), draw)
-    return tuple(ids[:n_tokens])
-
-
-def _fill(template: str, draw: random.Random) -> list[int]:
-    """Return the ids of ``template`` with its slots filled in, newline included.
-
-    A slot that appears twice in ``template`` gets the same value both times.
-    """
-    values: dict[str, str] = {}
-    ids: list[int] = []
-    for literal, slot in _template_pieces(template):
-        ids += literal
-        if slot:
-            if slot not in values:
-                values[slot] = draw.choice(_pools()[slot])
-            ids += _encode_cached(values[slot])
-    return ids
+    n_tokens = draw_tokens(rng, PASSAGE_TOKENS)
+    return tool_message(fill_lines("", text.PASSAGE_LINES, n_tokens, rng, from_pools(_pools())))
 
 
 @functools.cache
@@ -328,16 +227,25 @@ def _pools() -> dict[str, tuple[str, ...]]:
     return pools
 
 
-@functools.cache
-def _template_pieces(template: str) -> tuple[tuple[tuple[int, ...], str | None], ...]:
-    """Split ``template`` (plus a newline) into (literal ids, following slot name) pairs."""
-    parsed = string.Formatter().parse(template + "\n")
-    return tuple((_encode_cached(literal), slot) for literal, slot, _, _ in parsed)
+class HoverApp(RoutedApp[HoverTask]):
+    """Multi-hop claim verification with a re-plan loop (see the module docstring)."""
 
+    name = "hover"
+    agents = AGENTS
+    entry_agents = ("decomposer",)
+    edges = (
+        ("decomposer", "retriever"),
+        ("retriever", "reader"),
+        ("reader", "query_rewriter"),
+        ("reader", "verifier"),
+        ("query_rewriter", "retriever"),
+        ("verifier", END),
+        ("verifier", "decomposer"),
+    )
 
-@functools.cache
-def _encode_cached(piece: str) -> tuple[int, ...]:
-    return encode(piece)
+    sample_task = staticmethod(sample_task)
+    sample_path = staticmethod(sample_path)
+    build_steps = staticmethod(_build_steps)
 
 
 register_app(HoverApp.name, HoverApp)

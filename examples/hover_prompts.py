@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pbkv.examples.codegen_prompts import ToolSpec
+from pbkv.examples import preamble
+from pbkv.examples.preamble import Guidelines, ToolSpec
 
 INTRO = """\
 You are one member of an automated fact-checking team that verifies claims against an \
@@ -24,7 +25,7 @@ sends the claim back to the Decomposer for a new plan. Every member sees the cla
 shared guidelines below, its own role instructions, and everything the team has written \
 and retrieved so far. Write for your teammates: they act on exactly what you say."""
 
-GUIDELINES: tuple[tuple[str, tuple[str, ...]], ...] = (
+GUIDELINES: Guidelines = (
     (
         "Evidence",
         (
@@ -149,17 +150,7 @@ square brackets. End your turn with `STATUS: done` when your part is complete, o
 
 def render_preamble() -> str:
     """Return the shared system/tool preamble every hover agent sees first."""
-    parts = [INTRO, "", "## Verification guidelines"]
-    for title, rules in GUIDELINES:
-        parts.append(f"### {title}")
-        parts.extend(f"- {rule}" for rule in rules)
-    parts += ["", "## Tools", "You can call these tools. Arguments are JSON values."]
-    for tool in TOOLS:
-        parts.append(f"### {tool.name}\n{tool.summary}\nParameters:")
-        parts.extend(f"- `{name}` ({kind}): {meaning}" for name, kind, meaning in tool.params)
-        parts.append(f"Returns: {tool.returns}.\nExample:\n{tool.example}")
-    parts += ["", PROTOCOL]
-    return "\n".join(parts)
+    return preamble.render_preamble(INTRO, "Verification guidelines", GUIDELINES, TOOLS, PROTOCOL)
 
 
 ROLE_PROMPTS: dict[str, str] = {

@@ -38,15 +38,23 @@ Output token ids are synthetic but real tokens, deterministic per
 from __future__ import annotations
 
 import functools
-import random
-import string
 from dataclasses import dataclass
 
 import numpy as np
 
-from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.actors.workload import Step
 from pbkv.examples import swebench_prompts as text
-from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.chat import (
+    END_OF_TURN,
+    Transcript,
+    render_message,
+    speaker_name,
+    system_prompt,
+    tool_message,
+)
+from pbkv.examples.filler import LineValues, fill_lines, from_pools
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
 
@@ -99,6 +107,10 @@ class SwebenchTask:
     n_files: int
     repo: str
 
+    def features(self) -> dict[str, float | str]:
+        """Return the hidden features, as ``Workflow.task_features``."""
+        return {"difficulty": self.difficulty, "n_files": float(self.n_files), "repo": self.repo}
+
 
 def failure_probability(difficulty: float, n_files: int, attempt: int) -> float:
     """Return the probability that the test run of patch ``attempt`` (from 0) fails.
@@ -141,9 +153,7 @@ def sample_task(rng: np.random.Generator, task_id: str) -> SwebenchTask:
 
 
 def _cue(rng: np.random.Generator, difficulty: float) -> str:
-    noisy = difficulty + rng.normal(0.0, 0.15)
-    tier = 0 if noisy < 0.35 else 1 if noisy < 0.7 else 2
-    return str(rng.choice(text.CUES[tier]))
+    return str(rng.choice(text.CUES[noisy_tier(rng, difficulty)]))
 
 
 def _traceback(
@@ -183,115 +193,41 @@ def _with_manager(workers: list[str]) -> tuple[str, ...]:
     return tuple(agent for worker in workers for agent in ("manager", worker))
 
 
-class SwebenchApp:
-    """Manager-selected group chat with localize/code/test/review loops (see the module)."""
-
-    name = "swebench"
-    agents = AGENTS
-    entry_agents = ("manager",)
-    edges = (
-        *(("manager", worker) for worker in WORKERS),
-        *((worker, "manager") for worker in WORKERS),
-        ("tester", END),  # a failed test run of the last allowed patch
-        ("reviewer", END),
-    )
-
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Generate ``n_workflows`` workflows; workflow ``i`` depends only on ``(seed, i)``.
-
-        Raises:
-            ValueError: ``n_workflows`` or ``seed`` is negative.
-        """
-        check_count(n_workflows)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        return [self.generate_one(seed, i) for i in range(n_workflows)]
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, route_rng, output_rng = (
-            np.random.default_rng(s) for s in np.random.SeedSequence([seed, index]).spawn(3)
-        )
-        task = sample_task(task_rng, f"{seed}-{index}")
-        path, end_reason = sample_path(task, route_rng)
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=task.task_id,
-            task_text=task.text,
-            steps=_build_steps(task, path, end_reason, output_rng),
-            task_features={
-                "difficulty": task.difficulty,
-                "n_files": float(task.n_files),
-                "repo": task.repo,
-            },
-            end_reason=end_reason,
-        )
-
-
 def _build_steps(
     task: SwebenchTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
 ) -> tuple[Step, ...]:
     """Build the steps of ``path``; each context extends the previous one."""
-    preamble, roles = _fixed_segments()
-    history = encode(f"<|im_start|>user\n## Issue\n{task.text}<|im_end|>\n")
+    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Issue\n{task.text}")))
     steps: list[Step] = []
-    gap = (0.0, 0.0)
+    gap_bounds_s = (0.0, 0.0)
     for i, agent in enumerate(path):
-        opener = _opener(agent)
         output = _output(agent, _header(path, i, end_reason), task, rng)
-        steps.append(
-            Step(
-                agent=agent,
-                segments=(preamble, roles[agent], Segment("context", history + opener)),
-                output_token_ids=output,
-                gap_s=round(float(rng.uniform(*gap)), 3),
-            )
-        )
-        history += opener + output
+        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
         if agent in TOOL_TOKENS:
             passed = path[i + 2 : i + 3] == ("reviewer",)  # tests passed: review comes next
-            history += _tool_result(agent, passed, task, rng)
-        gap = TOOL_GAP_S.get(agent, SELECTION_GAP_S)
+            chat.append(_tool_result(agent, passed, task, rng))
+        gap_bounds_s = TOOL_GAP_S.get(agent, SELECTION_GAP_S)
     return tuple(steps)
 
 
 def _header(path: tuple[str, ...], i: int, end_reason: str) -> str:
     """Return the first line of step ``i``'s output: the Manager's pick or the review verdict."""
     if path[i] == "manager":
-        return f"Next speaker: {path[i + 1].capitalize()}\n"
+        return f"Next speaker: {speaker_name(path[i + 1])}\n"
     if path[i] == "reviewer":
         return text.REVIEW_VERDICTS[i + 1 == len(path) and end_reason == "end"]
     return ""
-
-
-@functools.cache
-def _fixed_segments() -> tuple[Segment, dict[str, Segment]]:
-    preamble = Segment("preamble", encode(f"<|im_start|>system\n{text.render_preamble()}\n\n"))
-    roles = {a: Segment("role", encode(f"{text.ROLE_PROMPTS[a]}<|im_end|>\n")) for a in AGENTS}
-    return preamble, roles
-
-
-@functools.cache
-def _opener(agent: str) -> tuple[int, ...]:
-    return encode(f"<|im_start|>assistant\n{agent.capitalize()}:\n")
-
-
-@functools.cache
-def _im_end() -> tuple[int, ...]:
-    return encode("<|im_end|>\n")
 
 
 def _output(
     agent: str, header: str, task: SwebenchTask, rng: np.random.Generator
 ) -> tuple[int, ...]:
     """Return ``header`` and more, of realistic length for ``agent``, ending with ``<|im_end|>``."""
-    low, high = OUTPUT_TOKENS[agent]
-    n_tokens = int(rng.integers(low, high + 1)) + int(
-        DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
+    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
+    n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
+    return fill_lines(
+        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values(task), END_OF_TURN
     )
-    body = _filler(header, text.OUTPUT_BLOCKS[agent], n_tokens - len(_im_end()), task, rng)
-    return body + _im_end()
 
 
 def _tool_result(
@@ -301,53 +237,19 @@ def _tool_result(
 
     A Tester's test log ends with ``=== PASSED ===`` or ``=== FAILED ===`` by ``passed``.
     """
-    low, high = TOOL_TOKENS[agent]
-    n_tokens = int(rng.integers(low, high + 1))
+    n_tokens = draw_tokens(rng, TOOL_TOKENS[agent])
     lines = {
         "localizer": text.SEARCH_LINES,
         "coder": text.PATCH_LINES,
         "tester": text.TEST_PASS_LINES if passed else text.TEST_LOG_LINES,
     }[agent]
-    end = f"{text.TEST_VERDICTS[passed]}<|im_end|>\n" if agent == "tester" else "<|im_end|>\n"
-    body = _filler("", lines, n_tokens, task, rng)
-    return _encode_cached("<|im_start|>tool\n") + body + _encode_cached(end)
+    closing = text.TEST_VERDICTS[passed] if agent == "tester" else ""
+    return tool_message(fill_lines("", lines, n_tokens, rng, _line_values(task)), closing)
 
 
-def _filler(
-    header: str,
-    lines: tuple[str, ...],
-    n_tokens: int,
-    task: SwebenchTask,
-    rng: np.random.Generator,
-) -> tuple[int, ...]:
-    """Return ``header`` then random filled-in ``lines`` as exactly ``n_tokens`` ids.
-
-    A header longer than ``n_tokens`` is returned whole; paths come from the task's
-    repository. Template pieces and slot values are tokenized once and concatenated, so
-    an output costs no tokenizer call; the ids are real and decode to the filled-in text.
-    """
-    draw = random.Random(int(rng.integers(2**63)))
-    ids = list(_encode_cached(header))
-    n_tokens = max(n_tokens, len(ids))
-    while len(ids) < n_tokens:
-        ids += _fill(draw.choice(lines), task.repo, draw)
-    return tuple(ids[:n_tokens])
-
-
-def _fill(template: str, repo: str, draw: random.Random) -> list[int]:
-    """Return the ids of ``template`` with its slots filled in, newline included.
-
-    A slot that appears twice in ``template`` gets the same value both times.
-    """
-    values: dict[str, str] = {}
-    ids: list[int] = []
-    for literal, slot in _template_pieces(template):
-        ids += literal
-        if slot:
-            if slot not in values:
-                values[slot] = draw.choice(_pools(repo)[slot])
-            ids += _encode_cached(values[slot])
-    return ids
+def _line_values(task: SwebenchTask) -> LineValues:
+    """Return how output lines draw their slots: paths from the task's repository."""
+    return from_pools(_pools(task.repo))
 
 
 @functools.cache
@@ -367,16 +269,22 @@ def _pools(repo: str) -> dict[str, tuple[str, ...]]:
     }
 
 
-@functools.cache
-def _template_pieces(template: str) -> tuple[tuple[tuple[int, ...], str | None], ...]:
-    """Split ``template`` (plus a newline) into (literal ids, following slot name) pairs."""
-    parsed = string.Formatter().parse(template + "\n")
-    return tuple((_encode_cached(literal), slot) for literal, slot, _, _ in parsed)
+class SwebenchApp(RoutedApp[SwebenchTask]):
+    """Manager-selected group chat with localize/code/test/review loops (see the module)."""
 
+    name = "swebench"
+    agents = AGENTS
+    entry_agents = ("manager",)
+    edges = (
+        *(("manager", worker) for worker in WORKERS),
+        *((worker, "manager") for worker in WORKERS),
+        ("tester", END),  # a failed test run of the last allowed patch
+        ("reviewer", END),
+    )
 
-@functools.cache
-def _encode_cached(piece: str) -> tuple[int, ...]:
-    return encode(piece)
+    sample_task = staticmethod(sample_task)
+    sample_path = staticmethod(sample_path)
+    build_steps = staticmethod(_build_steps)
 
 
 register_app(SwebenchApp.name, SwebenchApp)

@@ -8,7 +8,8 @@ SWE-bench's GitHub issues for its twelve Python repositories.
 
 from __future__ import annotations
 
-from pbkv.examples.codegen_prompts import ToolSpec
+from pbkv.examples import preamble
+from pbkv.examples.preamble import Guidelines, ToolSpec
 
 INTRO = """\
 You are one member of an automated team that resolves GitHub issues in open-source Python \
@@ -22,7 +23,7 @@ guidelines below, its own role instructions, and the whole conversation so far, 
 the tool results. Write for your teammates: they are experienced maintainers who act on \
 exactly what you say, so be precise, complete and brief."""
 
-GUIDELINES: tuple[tuple[str, tuple[str, ...]], ...] = (
+GUIDELINES: Guidelines = (
     (
         "Understanding the issue",
         (
@@ -137,17 +138,7 @@ with the name of the next speaker only."""
 
 def render_preamble() -> str:
     """Return the shared system/tool preamble every swebench agent sees first."""
-    parts = [INTRO, "", "## Team guidelines"]
-    for title, rules in GUIDELINES:
-        parts.append(f"### {title}")
-        parts.extend(f"- {rule}" for rule in rules)
-    parts += ["", "## Tools", "You can call these tools. Arguments are JSON values."]
-    for tool in TOOLS:
-        parts.append(f"### {tool.name}\n{tool.summary}\nParameters:")
-        parts.extend(f"- `{name}` ({kind}): {meaning}" for name, kind, meaning in tool.params)
-        parts.append(f"Returns: {tool.returns}.\nExample:\n{tool.example}")
-    parts += ["", PROTOCOL]
-    return "\n".join(parts)
+    return preamble.render_preamble(INTRO, "Team guidelines", GUIDELINES, TOOLS, PROTOCOL)
 
 
 ROLE_PROMPTS: dict[str, str] = {

@@ -40,6 +40,7 @@ import numpy as np
 
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.examples.apps import check_count, register_app
+from pbkv.examples.chat import END_OF_TURN, render_message
 from pbkv.examples.data import find_data_dir
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
@@ -173,7 +174,7 @@ def load_episodes(path: Path, size_bytes: int, mtime_ns: int) -> tuple[Episode, 
         _check_episode(episode, f"{path}: episode {i}")
     ids = _Memo()
     tools = _tools_role(raw, ids)
-    guide = Segment("role", ids(f"<|im_start|>system\n{USER_SIM_GUIDE}<|im_end|>\n"))
+    guide = Segment("role", ids(render_message("system", USER_SIM_GUIDE)))
     return tuple(_episode(e, ids, tools, guide) for e in raw)
 
 
@@ -213,10 +214,6 @@ class _Memo:
         return ids
 
 
-def _message(role: str, content: str) -> str:
-    return f"<|im_start|>{role}\n{content}<|im_end|>\n"
-
-
 def _tools_role(raw: list[dict[str, Any]], ids: Callable[[str], tuple[int, ...]]) -> Segment:
     """Return the agent's role segment: the tools the trajectories call, with their arguments."""
     arguments: dict[str, set[str]] = {}
@@ -232,7 +229,7 @@ def _tools_role(raw: list[dict[str, Any]], ids: Callable[[str], tuple[int, ...]]
         'holding a JSON object with "name" and "arguments"; its result comes back as a tool '
         "message.\n" + "\n".join(lines)
     )
-    return Segment("role", ids(_message("system", text)))
+    return Segment("role", ids(render_message("system", text)))
 
 
 def _assistant_body(message: dict[str, Any]) -> str:
@@ -254,12 +251,12 @@ def _episode(
     """Turn one raw episode into its LLM-call steps (see the module docstring)."""
     traj = raw["traj"]
     instruction, opener = raw["info"]["task"]["instruction"], traj[1]["content"]
-    policy = Segment("preamble", ids(_message("system", traj[0]["content"])))
+    policy = Segment("preamble", ids(render_message("system", traj[0]["content"])))
     no_preamble = Segment("preamble", ())
-    start, close = ids("<|im_start|>assistant\n"), ids("<|im_end|>\n")
-    agent_view = list(ids(_message("user", opener)))
-    user_view = list(ids(_message("system", f"# Your instruction\n{instruction}")))
-    user_view += ids(_message("user", GREETING)) + start + ids(opener) + close
+    start, close = ids("<|im_start|>assistant\n"), ids(END_OF_TURN)
+    agent_view = list(ids(render_message("user", opener)))
+    user_view = list(ids(render_message("system", f"# Your instruction\n{instruction}")))
+    user_view += ids(render_message("user", GREETING)) + start + ids(opener) + close
     steps: list[Step] = []
     tools_since_last_call = 0
     for message in traj[2:]:
@@ -267,7 +264,7 @@ def _episode(
         gap_s = tools_since_last_call * TOOL_LATENCY_S
         if role == "tool":
             tools_since_last_call += 1
-            agent_view += ids(_message("tool", content))
+            agent_view += ids(render_message("tool", content))
             continue
         tools_since_last_call = 0
         if role == "assistant":
@@ -276,13 +273,13 @@ def _episode(
             steps.append(Step("agent", (policy, tools, context), output, gap_s))
             agent_view += start + output
             if content:
-                user_view += ids(_message("user", content))
+                user_view += ids(render_message("user", content))
         else:
             output = ids(content) + close
             context = Segment("context", tuple(user_view) + start)
             steps.append(Step("user", (no_preamble, guide, context), output, gap_s))
             user_view += start + output
-            agent_view += ids(_message("user", content))
+            agent_view += ids(render_message("user", content))
     return Episode(
         task_id=f"{raw['task_id']}-{raw.get('trial', 0)}",
         opener=opener,

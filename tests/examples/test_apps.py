@@ -1,14 +1,69 @@
+from typing import NamedTuple
+
 import pytest
 
-from pbkv.examples import App, app_names, get_app, register_app, validate_path
+from pbkv.actors.workload import Segment, Step
+from pbkv.examples import (
+    App,
+    CodegenApp,
+    FinanceBenchApp,
+    HoverApp,
+    SwebenchApp,
+    TauBenchApp,
+    app_names,
+    get_app,
+    register_app,
+    validate_path,
+)
+from pbkv.examples.apps import RoutedApp
+from pbkv.examples.sampling import spawn_rngs
+from pbkv.predictor.trace import END
+
+from . import checks
+
+APPS = {
+    "codegen": CodegenApp,
+    "financebench": FinanceBenchApp,
+    "hover": HoverApp,
+    "swebench": SwebenchApp,
+    "taubench": TauBenchApp,
+}
+
+
+class PromptLayout(NamedTuple):
+    """How a generated app's prompts start: preamble size, task heading, first speaker."""
+
+    preamble_tokens: tuple[int, int]
+    task_heading: str
+    first_speaker: str
+
+
+LAYOUTS = {
+    "codegen": PromptLayout((1500, 2500), "Task", "Planner"),
+    "financebench": PromptLayout((1000, 2000), "Task", "Researcher"),
+    "hover": PromptLayout((1000, 2000), "Task", "Decomposer"),
+    "swebench": PromptLayout((1000, 2000), "Issue", "Manager"),
+}
+GENERATED = tuple(LAYOUTS)
+"""The apps that draw their workflows (taubench replays recorded ones)."""
+
+
+@pytest.fixture(scope="module", params=tuple(APPS))
+def sample(request):
+    """Return an app's name and 200 of its workflows (seed 0), one app at a time."""
+    return request.param, get_app(request.param).generate(200, 0)
 
 
 def test_registry_knows_the_bundled_apps():
-    assert {"codegen", "taubench"} <= set(app_names())
-    for name in ("codegen", "taubench"):
-        app = get_app(name)
-        assert isinstance(app, App)
-        assert app.name == name
+    assert set(APPS) <= set(app_names())
+
+
+@pytest.mark.parametrize("name", tuple(APPS))
+def test_each_app_is_registered_by_name(name):
+    app = get_app(name)
+    assert isinstance(app, APPS[name]) and isinstance(app, App)
+    assert app.name == name
+    assert app.generate(2, 5) == APPS[name]().generate(2, 5)
 
 
 def test_unknown_app_lists_the_known_ones():
@@ -34,8 +89,89 @@ def test_validate_path_accepts_a_walk_and_names_a_bad_transition():
         validate_path(app, ())
 
 
-@pytest.mark.parametrize("name", ["codegen", "taubench"])
+@pytest.mark.parametrize("name", tuple(APPS))
 @pytest.mark.parametrize("bad", [-1, 1.5, True])
 def test_generate_rejects_a_bad_count(name, bad):
     with pytest.raises(ValueError, match="n_workflows"):
         get_app(name).generate(bad, 0)
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_negative_seed_is_rejected(name):
+    with pytest.raises(ValueError, match="seed"):
+        get_app(name).generate(1, -1)
+
+
+@pytest.mark.parametrize("name", tuple(APPS))
+def test_same_seed_same_workflows_and_prefix_stable(name):
+    checks.assert_deterministic(get_app(name))
+
+
+def test_ids_are_unique_and_named_by_seed(sample):
+    name, workflows = sample
+    checks.assert_ids_named_by_seed(workflows, name, seed=0)
+
+
+def test_every_path_is_a_walk_of_the_call_graph(sample):
+    name, workflows = sample
+    app = get_app(name)
+    for w in workflows:
+        validate_path(app, w.agents)
+
+
+def test_previous_same_agent_prompt_and_output_prefix_the_next_prompt(sample):
+    _, workflows = sample
+    checks.assert_same_agent_prompts_extend(workflows)
+
+
+@pytest.mark.parametrize("sample", GENERATED, indirect=True)
+def test_preamble_is_shared_and_roles_are_distinct(sample):
+    name, workflows = sample
+    agents = get_app(name).agents
+    checks.assert_preamble_shared_and_roles_distinct(
+        workflows, agents, LAYOUTS[name].preamble_tokens
+    )
+
+
+@pytest.mark.parametrize("sample", GENERATED, indirect=True)
+def test_context_starts_with_the_task_and_outputs_end_the_turn(sample):
+    name, workflows = sample
+    layout = LAYOUTS[name]
+    for w in workflows[:20]:
+        checks.assert_opens_with_task_and_turns_end(w, layout.task_heading, layout.first_speaker)
+
+
+class ToyTask(NamedTuple):
+    task_id: str
+    text: str
+
+    def features(self):
+        return {"size": 1.0}
+
+
+class ToyApp(RoutedApp[ToyTask]):
+    """One agent that answers once; its output is one id drawn from the output stream."""
+
+    name = "toy"
+    agents = ("solver",)
+    entry_agents = ("solver",)
+    edges = (("solver", END),)
+
+    def sample_task(self, rng, task_id):
+        return ToyTask(task_id, f"task {task_id}")
+
+    def sample_path(self, task, rng):
+        return ("solver",), "end"
+
+    def build_steps(self, task, path, end_reason, rng):
+        return tuple(Step(a, (Segment("context", (1,)),), (int(rng.integers(100)),)) for a in path)
+
+
+def test_routed_app_draws_each_workflow_from_its_seed_and_index():
+    workflows = ToyApp().generate(2, 7)
+    assert [w.workflow_id for w in workflows] == ["toy-7-0", "toy-7-1"]
+    assert [w.task_text for w in workflows] == ["task 7-0", "task 7-1"]
+    assert all(w.task_features == {"size": 1.0} and w.end_reason == "end" for w in workflows)
+    outputs = [w.steps[0].output_token_ids for w in workflows]
+    assert outputs == [(int(spawn_rngs(7, i, 3)[2].integers(100)),) for i in (0, 1)]
+    assert isinstance(ToyApp(), App)

@@ -3,17 +3,8 @@ import statistics
 
 import pytest
 
-from pbkv.examples import (
-    MAX_CODER_TURNS,
-    App,
-    SwebenchApp,
-    SwebenchTask,
-    decode,
-    get_app,
-    validate_path,
-)
+from pbkv.examples import MAX_CODER_TURNS, SwebenchApp, SwebenchTask, decode
 from pbkv.examples.swebench import (
-    AGENTS,
     DIFFICULTY_BONUS_TOKENS,
     OUTPUT_TOKENS,
     SELECTION_GAP_S,
@@ -23,6 +14,8 @@ from pbkv.examples.swebench import (
     rejection_probability,
     sample_path,
 )
+
+from . import checks
 
 
 @pytest.fixture(scope="module")
@@ -52,33 +45,8 @@ def workers(workflow):
     return workflow.agents[1::2]
 
 
-def test_registered_as_swebench():
-    app = get_app("swebench")
-    assert isinstance(app, SwebenchApp) and isinstance(app, App)
-    assert app.generate(2, 5) == SwebenchApp().generate(2, 5)
-
-
-def test_same_seed_same_workflows_and_prefix_stable():
-    app = SwebenchApp()
-    assert app.generate(8, 3) == app.generate(8, 3)
-    assert app.generate(8, 3)[:5] == app.generate(5, 3)
-    assert app.generate(8, 3) != app.generate(8, 4)
-
-
-def test_ids_are_unique_and_named_by_seed(workflows):
-    assert [w.workflow_id for w in workflows[:3]] == [
-        "swebench-0-0",
-        "swebench-0-1",
-        "swebench-0-2",
-    ]
-    assert len({w.workflow_id for w in workflows}) == len(workflows)
-    assert all(w.app == "swebench" for w in workflows)
-
-
-def test_every_path_is_a_walk_with_the_manager_between_worker_turns(workflows):
-    app = SwebenchApp()
+def test_manager_speaks_between_worker_turns(workflows):
     for w in workflows:
-        validate_path(app, w.agents)
         assert set(w.agents[::2]) == {"manager"}
         assert set(workers(w)) <= set(WORKERS)
 
@@ -116,10 +84,7 @@ def test_chat_ends_with_approval_or_at_the_cap(workflows):
 
 
 def test_retries_rise_with_difficulty(workflows):
-    ranked = sorted(workflows, key=lambda w: w.task_features["difficulty"])
-    third = len(ranked) // 3
-    easy = statistics.mean(retries(w) for w in ranked[:third])
-    hard = statistics.mean(retries(w) for w in ranked[-third:])
+    easy, hard = checks.mean_by_difficulty(workflows, retries)
     assert easy < 0.7
     assert hard > easy + 1.2
 
@@ -150,14 +115,9 @@ def test_probabilities_rise_with_difficulty_and_files():
 
 
 def test_issue_text_carries_noisy_cues_of_difficulty_and_files(workflows):
-    def mean_difficulty(cue):
-        return statistics.mean(
-            w.task_features["difficulty"] for w in workflows if cue in w.task_text
-        )
-
     hard = ("intermittent", "caching and serialization", "reverted", "locale settings")
     easy = ("one-liner", "off-by-one", "typo", "easy to reproduce")
-    assert min(mean_difficulty(c) for c in hard) > max(mean_difficulty(c) for c in easy) + 0.3
+    checks.assert_hard_cues_mark_harder_tasks(workflows, hard, easy, margin=0.3)
 
     def paths(w):
         return len(re.findall(r"`[\w/.]+\.py`", w.task_text))
@@ -186,10 +146,7 @@ def test_outputs_name_the_next_speaker_and_the_verdicts(workflows):
 
 def test_tool_results_enter_the_context_and_test_logs_say_the_verdict(workflows):
     for w in workflows[:100]:
-        for i, (before, after) in enumerate(zip(w.steps, w.steps[1:], strict=False)):
-            context = before.segments[2].token_ids + before.output_token_ids
-            assert after.segments[2].token_ids[: len(context)] == context
-            added = decode(after.segments[2].token_ids[len(context) :])
+        for i, (before, after, added) in enumerate(checks.context_additions(w)):
             opener = f"<|im_start|>assistant\n{after.agent.capitalize()}:\n"
             assert added.endswith(opener)
             if before.agent in ("manager", "reviewer"):
@@ -201,38 +158,6 @@ def test_tool_results_enter_the_context_and_test_logs_say_the_verdict(workflows)
                 assert added.endswith(
                     f"=== {'PASSED' if passed else 'FAILED'} ===<|im_end|>\n{opener}"
                 )
-
-
-def test_previous_same_agent_prompt_and_output_prefix_the_next_prompt(workflows):
-    for w in workflows[:60]:
-        last = {}
-        for step in w.steps:
-            prompt = step.prompt_token_ids
-            if step.agent in last:
-                before = last[step.agent]
-                full = before.prompt_token_ids + before.output_token_ids
-                assert prompt[: len(full)] == full
-            last[step.agent] = step
-
-
-def test_preamble_is_shared_and_roles_are_distinct(workflows):
-    steps = [s for w in workflows for s in w.steps]
-    assert [g.kind for g in steps[0].segments] == ["preamble", "role", "context"]
-    assert len({s.segments[0].token_ids for s in steps}) == 1
-    roles = {s.agent: s.segments[1].token_ids for s in steps}
-    assert set(roles) == set(AGENTS)
-    assert len(set(roles.values())) == len(AGENTS)
-    assert all(s.segments[1].token_ids == roles[s.agent] for s in steps)
-    assert 1000 <= len(steps[0].segments[0].token_ids) <= 2000
-    assert all(300 <= len(r) <= 800 for r in roles.values())
-
-
-def test_context_starts_with_the_issue(workflows):
-    w = workflows[0]
-    first = decode(w.steps[0].segments[2].token_ids)
-    assert first.startswith(f"<|im_start|>user\n## Issue\n{w.task_text}<|im_end|>")
-    assert first.endswith("<|im_start|>assistant\nManager:\n")
-    assert all(decode(s.output_token_ids).endswith("<|im_end|>\n") for s in w.steps)
 
 
 def test_output_lengths_and_tool_gaps_are_realistic(workflows):
@@ -247,8 +172,3 @@ def test_output_lengths_and_tool_gaps_are_realistic(workflows):
     pairs = [(b, s) for w in workflows for b, s in zip(w.steps, w.steps[1:], strict=False)]
     after_tests = [s.gap_s for b, s in pairs if b.agent == "tester"]
     assert min(after_tests) >= 5.0 and max(after_tests) <= 20.0
-
-
-def test_negative_seed_is_rejected():
-    with pytest.raises(ValueError, match="seed"):
-        SwebenchApp().generate(1, -1)
