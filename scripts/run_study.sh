@@ -14,7 +14,7 @@ pbkv bench --app hover --policies "$all" --host-kv-tokens 0 --json "$out/bench-h
 pbkv bench --app hover --policies pbkv --predictor oracle --json "$out/bench-hover-oracle.json"
 pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 --out-dir "$out"
 pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 --out-dir "$out"
-pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive --values 0,0.1,0.2,0.3,0.5 \
+pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive --values 0,0.1,0.2,0.3,0.5,0.8,1 \
   --out-dir "$out"
 pbkv trace-plot --app hover --policies lru,lae,he,pbkv,belady --out "$out/hit-timeline-hover.png"
 python scripts/make_results.py "$out" docs/results.md
