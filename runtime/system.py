@@ -97,7 +97,11 @@ class ActorSystem:
         entry = self._new_entry(actor, name, strategy, max_restarts, within_s, depends_on)
         actor._bind(name)
         self._entries[name] = entry
-        await self._nursery.start(self._supervise, entry)
+        try:
+            await self._nursery.start(self._supervise, entry)
+        except ActorFailed as failure:
+            # trio >= 0.25 re-raises a start() failure ``from None``; restore the cause
+            raise failure from failure.error
         return actor.ref
 
     def lookup(self, name: str) -> ActorRef:
