@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.admission import admit_fcfs
+from pbkv.engines.base import GenerateRequest, GenerateResult
 from pbkv.engines.sim.costmodel import CostModel
-from pbkv.kvmanager import Admission, AdmitRequest, KVManager, LoadTransfer, block_keys
+from pbkv.kvmanager import Admission, KVManager, LoadTransfer, block_keys
 from pbkv.runtime.clock import now_s
 
 log = logging.getLogger(__name__)
@@ -168,36 +169,23 @@ class SimEngine:
         self._wake = trio.Event()
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_batch_size:
-            entry = self._waiting[0]
-            req = entry.request
-            try:
-                admission = self.kv.try_admit(
-                    AdmitRequest(
-                        keys=entry.keys,
-                        prompt_tokens=entry.prompt_tokens,
-                        max_new_tokens=req.max_new_tokens,
-                        workflow_id=req.workflow_id,
-                        agent=req.agent,
-                        namespace=req.namespace,
-                        fixed_prefix_tokens=req.fixed_prefix_tokens,
-                    )
-                )
-            except ValueError as exc:
-                self._waiting.popleft()
-                self._fail(entry, EngineError(f"request {req.request_id}: {exc}"))
-                continue
-            if admission is None:
-                return
-            self._waiting.popleft()
-            entry.admission = admission
-            entry.admit_s = now_s()
-            cached = admission.cached_gpu_tokens + admission.cached_host_tokens
-            entry.prefill_pos = min(cached, entry.prompt_tokens - 1)
-            for load in admission.loads:
-                if load not in self._pending_loads:
-                    self._enqueue_load(load)
-            self._running.append(entry)
+        admit_fcfs(
+            self.kv,
+            self._waiting,
+            self.config.max_batch_size - len(self._running),
+            on_admit=self._start,
+            on_reject=self._fail,
+        )
+
+    def _start(self, entry: _Entry, admission: Admission) -> None:
+        entry.admission = admission
+        entry.admit_s = now_s()
+        cached = admission.cached_gpu_tokens + admission.cached_host_tokens
+        entry.prefill_pos = min(cached, entry.prompt_tokens - 1)  # recompute >= 1 for logits
+        for load in admission.loads:
+            if load not in self._pending_loads:
+                self._enqueue_load(load)
+        self._running.append(entry)
 
     def _plan_prefill(self) -> list[tuple[_Entry, int]]:
         budget = self.config.max_prefill_tokens

@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 import trio
 
+from pbkv.engines.admission import admit_fcfs
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
 from pbkv.kvmanager import (
     Admission,
-    AdmitRequest,
     KVConfig,
     KVManager,
     LoadTransfer,
@@ -331,28 +331,13 @@ class TorchEngine:
         self._wake = trio.Event()
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_batch_size:
-            entry = self._waiting[0]
-            req = entry.request
-            try:
-                admission = self.kv.try_admit(
-                    AdmitRequest(
-                        keys=entry.keys,
-                        prompt_tokens=entry.prompt_tokens,
-                        max_new_tokens=req.max_new_tokens,
-                        workflow_id=req.workflow_id,
-                        agent=req.agent,
-                        namespace=req.namespace,
-                    )
-                )
-            except ValueError as exc:
-                self._waiting.popleft()
-                self._fail(entry, EngineError(f"request {req.request_id}: {exc}"))
-                continue
-            if admission is None:
-                return
-            self._waiting.popleft()
-            self._start(entry, admission)
+        admit_fcfs(
+            self.kv,
+            self._waiting,
+            self.config.max_batch_size - len(self._running),
+            on_admit=self._start,
+            on_reject=self._fail,
+        )
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
