@@ -11,32 +11,55 @@ import trio
 
 from pbkv.actors.events import ForecastRequest
 from pbkv.predictor.base import Forecaster, WorkflowState
-from pbkv.runtime import Actor
+from pbkv.runtime import Actor, now_s
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PredictorStatistics:
+    """Counters of a :class:`PredictorActor`.
+
+    Args:
+        requests: forecast requests received.
+        batches: model calls made (one per batch, whatever the fallbacks).
+        max_batch: the largest batch so far.
+        fallbacks: batches handed to the next forecaster after one failed.
+        failures: forecaster calls that raised.
+        unanswered: requests answered ``None`` because every forecaster failed.
+    """
+
     requests: int
     batches: int
     max_batch: int
     fallbacks: int
     failures: int
+    unanswered: int = 0
 
 
 class PredictorActor(Actor):
     """Serve K-step forecasts from a chain of forecasters.
 
-    Requests arriving within ``max_wait_s`` of each other (up to ``max_batch``) go to the
-    model as one batch. If a forecaster raises, the next one in ``chain`` is tried
-    (e.g. graphsage → markov); if all fail, the reply is ``None`` (the KV manager then
-    keeps its last scores: LAE behaviour). Nothing stalls.
+    Requests are collected into one batch until ``max_batch`` are pending, or the
+    mailbox is empty and the oldest pending request has waited ``max_wait_s``; the batch
+    then goes to the model in one call. If a forecaster raises, the next one in ``chain``
+    is tried (e.g. graphsage → markov); if all fail, the reply is ``None`` (the KV
+    manager then keeps its last scores: LAE behaviour). Nothing stalls.
+
+    With ``run_in_thread`` the forecaster runs in a trio worker thread, so a slow model
+    never blocks the event loop (requests keep queueing and form the next batch). Under
+    ``trio.testing.MockClock`` with autojump a thread lets virtual time jump by however
+    long the model takes in wall time, so simulations keep the default (inline).
 
     Args:
         chain: forecasters in order of preference; all share one agent vocabulary.
-        max_batch: most requests per model call.
-        max_wait_s: how long the first request of a batch waits for company.
+        max_batch: most requests per model call, >= 1.
+        max_wait_s: longest time the oldest pending request waits for company, >= 0.
+        run_in_thread: run the forecaster in a worker thread (real-time serving).
+        mailbox_capacity: requests that may queue before senders block.
+
+    Raises:
+        ValueError: an empty chain, forecasters over different agents, or a bad bound.
     """
 
     def __init__(
@@ -45,17 +68,26 @@ class PredictorActor(Actor):
         *,
         max_batch: int = 64,
         max_wait_s: float = 0.0,
+        run_in_thread: bool = False,
         mailbox_capacity: int = 1024,
     ) -> None:
         super().__init__(mailbox_capacity=mailbox_capacity)
         if not chain:
             raise ValueError("chain must hold at least one forecaster")
+        if any(tuple(f.agents) != tuple(chain[0].agents) for f in chain):
+            raise ValueError("every forecaster of chain must share one agent vocabulary")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_wait_s < 0:
+            raise ValueError(f"max_wait_s must be >= 0, got {max_wait_s}")
         self.chain = list(chain)
         self.max_batch = max_batch
         self.max_wait_s = max_wait_s
+        self.run_in_thread = run_in_thread
         self._pending: list[ForecastRequest] = []
-        self._flush_at: float | None = None
-        self._requests = self._batches = self._max_batch = self._fallbacks = self._failures = 0
+        self._deadline_s = 0.0
+        self._requests = self._batches = self._max_batch = 0
+        self._fallbacks = self._failures = self._unanswered = 0
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -65,24 +97,41 @@ class PredictorActor(Actor):
         match msg:
             case ForecastRequest():
                 self._requests += 1
+                if not self._pending:
+                    self._deadline_s = now_s() + self.max_wait_s
                 self._pending.append(msg)
-                if len(self._pending) >= self.max_batch or self._mailbox_empty():
-                    if self.max_wait_s > 0 and len(self._pending) < self.max_batch:
-                        await trio.sleep(self.max_wait_s)
-                        if not self._mailbox_empty():
-                            return
-                    self._flush()
+                if len(self._pending) >= self.max_batch:
+                    await self._flush()
+                elif self._mailbox_empty():
+                    await self._flush_when_due()
             case _:
                 raise TypeError(f"PredictorActor cannot handle {type(msg).__name__}")
+
+    async def on_stop(self) -> None:
+        """Answer what is still pending when the mailbox closes."""
+        if self._pending:
+            await self._flush()
+
+    async def _flush_when_due(self) -> None:
+        """Wait for company until the deadline; flush unless more requests queued."""
+        wait_s = self._deadline_s - now_s()
+        if wait_s > 0:
+            await trio.sleep(wait_s)
+            if not self._mailbox_empty():
+                return  # they join this batch; the last of them flushes it
+        await self._flush()
 
     def _mailbox_empty(self) -> bool:
         return self._mailbox.depth == 0
 
-    def _flush(self) -> None:
+    async def _flush(self) -> None:
         batch, self._pending = self._pending, []
         self._batches += 1
         self._max_batch = max(self._max_batch, len(batch))
-        forecasts = self._forecast(batch)
+        if self.run_in_thread:
+            forecasts = await trio.to_thread.run_sync(self._forecast, batch)
+        else:
+            forecasts = self._forecast(batch)
         for req, forecast in zip(batch, forecasts, strict=True):
             try:
                 req.reply.send_nowait(forecast)
@@ -90,18 +139,32 @@ class PredictorActor(Actor):
                 log.debug("forecast for %s no longer wanted", req.workflow_id)
 
     def _forecast(self, batch: list[ForecastRequest]) -> list[np.ndarray | None]:
+        """Run the chain on ``batch``; may run in a worker thread (touches only counters)."""
         states = [WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden) for r in batch]
         for i, forecaster in enumerate(self.chain):
             try:
-                return list(forecaster.forecast(states))
+                forecasts = np.asarray(forecaster.forecast(states))
+                if forecasts.shape[0] != len(batch):
+                    raise ValueError(
+                        f"{forecaster.name} returned {forecasts.shape[0]} forecasts"
+                        f" for {len(batch)} states"
+                    )
+                return list(forecasts)
             except Exception:
                 self._failures += 1
                 log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(batch))
                 if i + 1 < len(self.chain):
                     self._fallbacks += 1
+        self._unanswered += len(batch)
         return [None] * len(batch)
 
     def predictor_statistics(self) -> PredictorStatistics:
+        """Return a snapshot of the request, batch and fallback counters."""
         return PredictorStatistics(
-            self._requests, self._batches, self._max_batch, self._fallbacks, self._failures
+            self._requests,
+            self._batches,
+            self._max_batch,
+            self._fallbacks,
+            self._failures,
+            self._unanswered,
         )

@@ -1,7 +1,12 @@
-"""Forecasters by registry name (§6): ``markov``, ``markov-1..3``, ``oracle``, ``uniform``."""
+"""Forecasters by registry name (§6): ``graphsage``, ``markov``, ``markov-1..3``, ``oracle``,
+``uniform``.
+
+``graphsage`` needs torch and torch-geometric; they are imported only when it is built.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -26,6 +31,8 @@ class ForecasterInputs:
     workflows: Mapping[str, Sequence[str]] | None
     graph: CallGraph | None
     smoothing: float
+    checkpoint: str | os.PathLike[str] | None = None
+    text_encoder: str | None = None
 
 
 def _markov(order: int) -> Callable[[ForecasterInputs], Forecaster]:
@@ -52,7 +59,21 @@ def _uniform(inputs: ForecasterInputs) -> Forecaster:
     return UniformForecaster(inputs.agents, horizon=inputs.horizon)
 
 
+def _graphsage(inputs: ForecasterInputs) -> Forecaster:
+    from pbkv.predictor.graphsage_forecaster import build_graphsage
+
+    return build_graphsage(
+        inputs.agents,
+        horizon=inputs.horizon,
+        traces=inputs.traces,
+        graph=inputs.graph,
+        checkpoint=inputs.checkpoint,
+        text_encoder=inputs.text_encoder,
+    )
+
+
 _FACTORIES: dict[str, Callable[[ForecasterInputs], Forecaster]] = {
+    "graphsage": _graphsage,
     "markov": _markov(DEFAULT_MARKOV_ORDER),
     "markov-1": _markov(1),
     "markov-2": _markov(2),
@@ -76,6 +97,8 @@ def make_forecaster(
     workflows: Mapping[str, Sequence[str]] | None = None,
     graph: CallGraph | None = None,
     smoothing: float = 0.0,
+    checkpoint: str | os.PathLike[str] | None = None,
+    text_encoder: str | None = None,
 ) -> Forecaster:
     """Build the forecaster registered as ``name``.
 
@@ -85,10 +108,15 @@ def make_forecaster(
         name: one of :func:`forecaster_names`; ``markov`` is ``markov-1``.
         agents: the agent vocabulary, in column order.
         horizon: ``K``, steps forecast.
-        traces: training traces (``markov*`` fit on them; empty leaves them untrained).
+        traces: training traces (``markov*`` fit on them; empty leaves them untrained;
+            ``graphsage`` trains on them when no ``checkpoint`` is given).
         workflows: ``workflow_id -> full agent path`` (required by ``oracle``).
-        graph: the app's call graph (``markov*`` smooth only over its edges).
+        graph: the app's call graph (``markov*`` smooth only over its edges;
+            ``graphsage`` trained here uses it, else the graph the traces walk).
         smoothing: additive pseudo-count (``markov*``).
+        checkpoint: a ``graphsage`` checkpoint folder (then ``traces`` are not used).
+        text_encoder: ``graphsage``'s task-text encoder name (``smollm2``, ``minilm``,
+            ``hashing``); default: none when training here, the sidecar's when loading.
 
     Returns:
         A ready :class:`~pbkv.predictor.base.Forecaster`.
@@ -101,5 +129,14 @@ def make_forecaster(
     if factory is None:
         known = ", ".join(forecaster_names())
         raise ValueError(f"unknown forecaster {name!r}; known forecasters: {known}")
-    inputs = ForecasterInputs(tuple(agents), horizon, tuple(traces), workflows, graph, smoothing)
+    inputs = ForecasterInputs(
+        tuple(agents),
+        horizon,
+        tuple(traces),
+        workflows,
+        graph,
+        smoothing,
+        checkpoint,
+        text_encoder,
+    )
     return factory(inputs)

@@ -14,14 +14,22 @@ from pbkv.predictor import (
 
 
 def test_names_are_listed():
-    assert forecaster_names() == ("markov", "markov-1", "markov-2", "markov-3", "oracle", "uniform")
+    assert forecaster_names() == (
+        "graphsage",
+        "markov",
+        "markov-1",
+        "markov-2",
+        "markov-3",
+        "oracle",
+        "uniform",
+    )
 
 
 def test_unknown_name_lists_the_registry():
     with pytest.raises(
         ValueError,
-        match="unknown forecaster 'lstm'; known forecasters: markov, markov-1, markov-2, "
-        "markov-3, oracle, uniform",
+        match="unknown forecaster 'lstm'; known forecasters: graphsage, markov, markov-1, "
+        "markov-2, markov-3, oracle, uniform",
     ):
         make_forecaster("lstm", agents=["A"], horizon=1)
 

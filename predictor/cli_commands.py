@@ -1,0 +1,377 @@
+"""The predictor's command-line verbs as plain functions returning rich renderables.
+
+``pbkv trace generate``, ``pbkv trace split``, ``pbkv train``, ``pbkv eval-predictor`` and
+``pbkv bench-predictor`` call these with parsed arguments and print what they return.
+Training draws a progress bar on the given console. Torch is imported only by the verbs
+that need it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pbkv.predictor.base import Forecaster, WorkflowState
+from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.dataset import split_records
+from pbkv.predictor.registry import make_forecaster
+from pbkv.predictor.scoring import ForecastScores, score_forecaster
+from pbkv.predictor.trace import TraceRecord, read_traces, write_traces
+
+DEFAULT_TEXT_ENCODER = "smollm2"
+PAPER_TOP1 = {"paper model": (0.935, 0.848, 0.771), "paper markov-1": (0.752, 0.555, 0.295)}
+"""Top-1 accuracy at k = 1..3 the paper reports on its multi-hop workload."""
+
+PathLike = str | os.PathLike[str]
+
+
+def trace_generate(app: str, workflows: int, seed: int, out: PathLike) -> Table:
+    """Generate ``workflows`` workflows of ``app`` with ``seed`` and write their traces.
+
+    Raises:
+        ValueError: unknown app, or a negative count or seed.
+    """
+    from pbkv.examples import get_app
+
+    records = [w.to_trace() for w in get_app(app).generate(workflows, seed)]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_traces(out, records)
+    table = _trace_table(f"{app} traces (seed {seed})", {str(out): records})
+    return table
+
+
+def trace_split(
+    traces: PathLike,
+    train_out: PathLike,
+    test_out: PathLike,
+    *,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    by_task: bool = True,
+) -> Table:
+    """Split a trace file into a training and a held-out file.
+
+    With ``by_task`` (the default) the trials of one task (``task_id`` ``{task}-{trial}``,
+    as in τ-bench) stay on one side.
+    """
+    records = _read(traces)
+    train, test = split_records(records, test_fraction, seed=seed, by_task=by_task)
+    write_traces(train_out, train)
+    write_traces(test_out, test)
+    return _trace_table("split", {str(train_out): train, str(test_out): test})
+
+
+def train(
+    app: str,
+    traces: PathLike,
+    out: PathLike,
+    *,
+    epochs: int = 30,
+    horizon: int = 3,
+    text_encoder: str | None = DEFAULT_TEXT_ENCODER,
+    seed: int = 0,
+    batch_size: int = 256,
+    learning_rate: float = 2e-3,
+    val_fraction: float = 0.1,
+    console: Console | None = None,
+) -> Table:
+    """Train a GraphSAGE forecaster for ``app`` on ``traces`` and write a checkpoint to ``out``.
+
+    Args:
+        app: the app whose call graph the model runs over.
+        traces: training traces (JSONL); bad lines are skipped with a warning.
+        out: checkpoint folder (``graphsage.safetensors`` + ``graphsage.json``).
+        epochs / batch_size / learning_rate / val_fraction / seed: fit settings.
+        horizon: ``K``.
+        text_encoder: task-text encoder name, or ``None`` to train without ``h_txt``.
+        console: where the progress bar is drawn (default: stderr).
+
+    Returns:
+        A summary table (traces, examples, parameters, best epoch, losses, seconds).
+
+    Raises:
+        ValueError: unknown app or encoder, or traces that leave the app's call graph.
+    """
+    from pbkv.examples import get_app
+    from pbkv.predictor.checkpoint import CheckpointInfo, save_checkpoint
+    from pbkv.predictor.graphsage import GraphSageConfig
+    from pbkv.predictor.text import make_text_encoder
+    from pbkv.predictor.train import EpochReport, TrainConfig, fit_graphsage
+
+    spec = get_app(app)
+    graph = CallGraph(spec.agents, spec.edges)
+    records = [r for r in _read(traces) if r.steps]
+    console = console or Console(stderr=True)
+    vectors, encode_s = None, 0.0
+    if text_encoder:
+        encoder = make_text_encoder(text_encoder)
+        started = time.perf_counter()
+        with console.status(f"embedding task texts with {text_encoder} (cached per text)"):
+            vectors = encoder.encode([r.task_text for r in records])
+        encode_s = time.perf_counter() - started
+    settings = TrainConfig(
+        epochs=epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        val_fraction=val_fraction,
+        seed=seed,
+    )
+    with _progress(console) as bar:
+        task = bar.add_task("training graphsage", total=epochs, loss="")
+
+        def on_epoch(report: EpochReport) -> None:
+            loss = f"train {report.train_loss:.4f}  val {report.val_loss:.4f}"
+            bar.update(task, completed=report.epoch, loss=loss)
+
+        result = fit_graphsage(
+            records,
+            graph,
+            config=GraphSageConfig(horizon=horizon),
+            train=settings,
+            text_vectors=vectors,
+            on_epoch=on_epoch,
+        )
+    best = result.history[result.best_epoch - 1]
+    facts = {
+        "traces_file": str(Path(traces).resolve()),
+        "traces": len(records),
+        "examples": result.examples,
+        "epochs": epochs,
+        "best_epoch": result.best_epoch,
+        "train_loss": best.train_loss,
+        "val_loss": best.val_loss,
+        "fit_s": round(result.elapsed_s, 2),
+        "text_embedding_s": round(encode_s, 2),
+        "seed": seed,
+    }
+    info = CheckpointInfo(
+        app, spec.agents, tuple(spec.edges), result.model.config, text_encoder, facts
+    )
+    save_checkpoint(out, result.model, info)
+    table = Table(title=f"graphsage checkpoint {out}")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    table.add_row("parameters", f"{result.model.parameter_count():,}")
+    table.add_row("text encoder", text_encoder or "none")
+    for key, value in facts.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    return table
+
+
+def eval_predictor(
+    app: str,
+    traces: PathLike,
+    predictors: Sequence[str],
+    *,
+    train_traces: PathLike | None = None,
+    checkpoint: PathLike | None = None,
+    horizon: int = 3,
+    markov_smoothing: float = 0.0,
+) -> Table:
+    """Score predictors on held-out traces: top-1 accuracy at k = 1..K and END Brier score.
+
+    Names are registry names plus ``graphsage-notext`` (the checkpoint's model with every
+    text vector withheld). ``markov*`` fit on ``train_traces`` (default: the traces file
+    named in the checkpoint's sidecar); ``graphsage`` loads ``checkpoint`` (or, without
+    one, trains on ``train_traces`` with no text encoder); ``oracle`` reads the held-out
+    paths.
+
+    Returns:
+        One row per predictor (plus the paper's reference rows when ``K >= 3``).
+
+    Raises:
+        ValueError: an unknown app or predictor name, or a predictor that lacks an input.
+    """
+    from pbkv.examples import get_app
+
+    spec = get_app(app)
+    graph = CallGraph(spec.agents, spec.edges)
+    held_out = [r for r in _read(traces) if r.steps]
+    fit_on = _training_traces(train_traces, checkpoint)
+    scores = []
+    for name in predictors:
+        forecaster = _build_for_eval(
+            name, spec.agents, horizon, fit_on, graph, held_out, checkpoint, markov_smoothing
+        )
+        scores.append(score_forecaster(forecaster, held_out, horizon=horizon))
+    return scores_table(scores, title=f"{app}: {len(held_out)} held-out traces", paper=horizon >= 3)
+
+
+def scores_table(scores: Sequence[ForecastScores], *, title: str, paper: bool = False) -> Table:
+    """Render scores as a table: top-1 at each step, END Brier per step and overall."""
+    horizon = len(scores[0].top1) if scores else 0
+    table = Table(title=title)
+    table.add_column("predictor")
+    for k in range(1, horizon + 1):
+        table.add_column(f"top-1 k={k}", justify="right")
+    for k in range(1, horizon + 1):
+        table.add_column(f"END Brier k={k}", justify="right")
+    table.add_column("END Brier", justify="right")
+    for s in scores:
+        table.add_row(
+            s.name,
+            *(f"{v:.3f}" for v in s.top1),
+            *(f"{v:.4f}" for v in s.end_brier),
+            f"{s.mean_end_brier:.4f}",
+        )
+    if paper:
+        for name, top1 in PAPER_TOP1.items():
+            cells = [f"{v:.3f}" for v in top1] + ["-"] * (horizon - 3)
+            table.add_row(f"[dim]{name}[/dim]", *cells, *["-"] * (horizon + 1))
+    return table
+
+
+def bench_predictor(
+    checkpoint: PathLike,
+    *,
+    batch: int = 1024,
+    repeats: int = 20,
+    threads: int | None = None,
+    traces: PathLike | None = None,
+) -> Table:
+    """Time one ``forecast`` call on ``batch`` workflow states (CPU), after a warm-up.
+
+    States are prefixes of ``traces`` (default: the checkpoint's training traces), cycled
+    to fill the batch; each carries a random text vector when the model takes one, so
+    no text encoder runs inside the timing.
+
+    Returns:
+        Median, p10 and p90 latency in milliseconds and the per-state cost.
+    """
+    import torch
+
+    from pbkv.predictor.graphsage_forecaster import GraphSageForecaster
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    forecaster = GraphSageForecaster.from_checkpoint(checkpoint, text_encoder=None)
+    states = _bench_states(forecaster, checkpoint, traces, batch)
+    forecaster.forecast(states)
+    times_ms = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        forecaster.forecast(states)
+        times_ms.append(1000 * (time.perf_counter() - started))
+    table = Table(
+        title=f"graphsage forecast latency, batch {batch}, {torch.get_num_threads()} threads"
+    )
+    for column in ("median ms", "p10 ms", "p90 ms", "µs / state"):
+        table.add_column(column, justify="right")
+    p10, p50, p90 = np.percentile(times_ms, [10, 50, 90])
+    table.add_row(f"{p50:.2f}", f"{p10:.2f}", f"{p90:.2f}", f"{1000 * p50 / batch:.2f}")
+    return table
+
+
+def _bench_states(
+    forecaster: Forecaster, checkpoint: PathLike, traces: PathLike | None, batch: int
+) -> list[WorkflowState]:
+    records = [r for r in _read(traces or _sidecar_traces(checkpoint)) if r.steps]
+    prefixes = [(r, r.agents[:t]) for r in records for t in range(1, len(r.steps) + 1)]
+    if not prefixes:
+        raise ValueError("no trace has a step to build states from")
+    text_dim = forecaster.model.config.text_dim  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    states = []
+    for i in range(batch):
+        record, path = prefixes[i % len(prefixes)]
+        hidden = rng.standard_normal(text_dim).astype(np.float32) if text_dim else None
+        states.append(WorkflowState(f"bench-{i}", record.app, path, record.task_text, hidden))
+    return states
+
+
+def _build_for_eval(
+    name: str,
+    agents: tuple[str, ...],
+    horizon: int,
+    fit_on: list[TraceRecord],
+    graph: CallGraph,
+    held_out: list[TraceRecord],
+    checkpoint: PathLike | None,
+    smoothing: float,
+) -> Forecaster:
+    if name in ("graphsage", "graphsage-notext") and checkpoint is not None:
+        from pbkv.predictor.graphsage_forecaster import GraphSageForecaster
+
+        forecaster = GraphSageForecaster.from_checkpoint(
+            checkpoint, horizon=horizon, use_text=name == "graphsage"
+        )
+        forecaster.name = name
+        return forecaster
+    if name == "graphsage-notext":
+        raise ValueError("predictor 'graphsage-notext' needs a checkpoint")
+    return make_forecaster(
+        name,
+        agents=agents,
+        horizon=horizon,
+        traces=fit_on,
+        workflows={r.task_id: r.agents for r in held_out},
+        graph=graph,
+        smoothing=smoothing,
+    )
+
+
+def _training_traces(
+    train_traces: PathLike | None, checkpoint: PathLike | None
+) -> list[TraceRecord]:
+    if train_traces is not None:
+        return [r for r in _read(train_traces) if r.steps]
+    if checkpoint is not None:
+        return [r for r in _read(_sidecar_traces(checkpoint)) if r.steps]
+    return []
+
+
+def _sidecar_traces(checkpoint: PathLike) -> str:
+    import json
+
+    from pbkv.predictor.checkpoint import SIDECAR_FILE
+
+    folder = Path(checkpoint)
+    sidecar = json.loads(
+        ((folder if folder.is_dir() else folder.parent) / SIDECAR_FILE).read_text()
+    )
+    path = sidecar.get("training", {}).get("traces_file")
+    if not path:
+        raise ValueError(f"checkpoint {checkpoint} names no training traces; pass train_traces=")
+    return str(path)
+
+
+def _read(path: PathLike) -> list[TraceRecord]:
+    return read_traces(path).records
+
+
+def _trace_table(title: str, files: dict[str, list[TraceRecord]]) -> Table:
+    table = Table(title=title)
+    for column in ("file", "workflows", "steps", "mean steps", "max steps", "end reasons"):
+        table.add_column(column, justify="left" if column in ("file", "end reasons") else "right")
+    for path, records in files.items():
+        lengths = [len(r.steps) for r in records] or [0]
+        reasons = Counter(r.end_reason for r in records)
+        table.add_row(
+            path,
+            str(len(records)),
+            str(sum(lengths)),
+            f"{statistics.fmean(lengths):.2f}",
+            str(max(lengths)),
+            ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())),
+        )
+    return table
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[loss]}"),
+        console=console,
+    )

@@ -1,0 +1,115 @@
+"""Traces → supervised examples for the GraphSAGE forecaster (§6).
+
+Every prefix of every trace is one example: its encoded path, its task-text vector and
+its ``K`` conditional labels (:func:`~pbkv.predictor.features.step_labels`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pbkv.predictor.features import EncodedPaths, encode_paths, step_labels
+from pbkv.predictor.trace import TraceRecord
+from pbkv.predictor.vocab import agent_index
+
+
+@dataclass(frozen=True, slots=True)
+class Examples:
+    """Training examples, one per (trace, prefix).
+
+    Args:
+        paths: the encoded prefixes, batch ``N``.
+        labels: int64, shape ``(N, K)``; ``IGNORE_LABEL`` past a workflow's end.
+        text: float32, shape ``(N, D)`` (``D`` may be 0).
+        has_text: bool, shape ``(N,)``.
+        trace: which input trace each example comes from, int64, shape ``(N,)``.
+    """
+
+    paths: EncodedPaths
+    labels: np.ndarray
+    text: np.ndarray
+    has_text: np.ndarray
+    trace: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def build_examples(
+    records: Sequence[TraceRecord],
+    agents: Sequence[str],
+    *,
+    horizon: int,
+    max_prefix: int,
+    max_positions: int,
+    text_vectors: np.ndarray | None = None,
+) -> Examples:
+    """Turn traces into examples (empty traces contribute none).
+
+    Args:
+        records: finished workflows over ``agents``.
+        agents: the vocabulary, in column order.
+        horizon: ``K``.
+        max_prefix: ``L``, prefix agents kept per example.
+        max_positions: step indices are clipped below this.
+        text_vectors: one vector per record, shape ``(len(records), D)``, or ``None``
+            for no text (``D = 0``).
+
+    Raises:
+        ValueError: a trace names an unknown agent, or ``text_vectors`` has the wrong
+            number of rows.
+    """
+    index = agent_index(agents)
+    if text_vectors is not None and len(text_vectors) != len(records):
+        raise ValueError(f"text_vectors has {len(text_vectors)} rows for {len(records)} records")
+    paths: list[tuple[str, ...]] = []
+    labels: list[np.ndarray] = []
+    owners: list[int] = []
+    for row, record in enumerate(records):
+        path = record.agents
+        if not path:
+            continue
+        paths += [path[:t] for t in range(1, len(path) + 1)]
+        labels.append(step_labels(index, path, horizon))
+        owners += [row] * len(path)
+    trace = np.asarray(owners, dtype=np.int64)
+    encoded = encode_paths(index, paths, max_prefix=max_prefix, max_positions=max_positions)
+    if text_vectors is None:
+        text = np.zeros((len(trace), 0), dtype=np.float32)
+    else:
+        text = np.asarray(text_vectors, dtype=np.float32)[trace]
+    stacked = np.concatenate(labels) if labels else np.zeros((0, horizon), dtype=np.int64)
+    return Examples(encoded, stacked, text, np.full(len(trace), text_vectors is not None), trace)
+
+
+def split_records(
+    records: Sequence[TraceRecord], test_fraction: float, *, seed: int, by_task: bool = False
+) -> tuple[list[TraceRecord], list[TraceRecord]]:
+    """Split traces into a training and a held-out part, deterministically per ``seed``.
+
+    Args:
+        records: the traces.
+        test_fraction: share of groups held out, in ``(0, 1)``.
+        seed: shuffle seed.
+        by_task: group traces whose ``task_id`` differs only after its last ``-`` (the
+            trials ``{task}-{trial}`` of one τ-bench task), so no task is on both sides.
+
+    Returns:
+        ``(train, held_out)``, each in input order.
+
+    Raises:
+        ValueError: ``test_fraction`` outside ``(0, 1)``.
+    """
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    keys = [r.task_id.rsplit("-", 1)[0] if by_task else str(i) for i, r in enumerate(records)]
+    groups = sorted(set(keys))
+    order = np.random.default_rng(seed).permutation(len(groups))
+    n_test = max(1, round(test_fraction * len(groups)))
+    held = {groups[i] for i in order[:n_test]}
+    train = [r for r, k in zip(records, keys, strict=True) if k not in held]
+    test = [r for r, k in zip(records, keys, strict=True) if k in held]
+    return train, test

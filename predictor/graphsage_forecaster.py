@@ -1,0 +1,226 @@
+"""``graphsage``: the learned forecaster behind the :class:`~pbkv.predictor.base.Forecaster`
+interface (§6).
+
+Every state of a call goes through the model in one forward pass. A state's text
+vector is its ``hidden`` (the engine's last-prefill hidden state) when given; otherwise,
+with a text encoder, the embedding of its ``task_text`` (cached per text); otherwise
+none, and ``h_txt`` is zero.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from pbkv.predictor.base import WorkflowState
+from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.checkpoint import load_checkpoint
+from pbkv.predictor.features import encode_paths
+from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
+from pbkv.predictor.text import TextEncoder, make_text_encoder
+from pbkv.predictor.trace import TraceRecord
+from pbkv.predictor.train import TrainConfig, fit_graphsage
+from pbkv.predictor.vocab import agent_index
+
+
+class GraphSageForecaster:
+    """Forecast with a trained :class:`GraphSageModel`.
+
+    Args:
+        model: the trained model (put in eval mode).
+        agents: its column order (``END`` appended); must match the model.
+        horizon: steps forecast, ``1..model K``; default the model's ``K``.
+        text_encoder: embeds ``task_text`` for states without ``hidden``; its ``dim`` must
+            be the model's ``text_dim``. Ignored by a model without text input.
+        use_text: ``False`` withholds every text vector (``h_txt`` = 0), for ablations.
+
+    Raises:
+        ValueError: agents or encoder that do not fit the model, or a bad ``horizon``.
+    """
+
+    name = "graphsage"
+
+    def __init__(
+        self,
+        model: GraphSageModel,
+        agents: Sequence[str],
+        *,
+        horizon: int | None = None,
+        text_encoder: TextEncoder | None = None,
+        use_text: bool = True,
+    ) -> None:
+        self.agents: tuple[str, ...] = tuple(agents)
+        self._index = agent_index(self.agents)
+        if len(self.agents) != model.agent_stats.shape[0]:
+            raise ValueError(
+                f"model has {model.agent_stats.shape[0]} agents, got {len(self.agents)}"
+            )
+        k = model.config.horizon
+        self.horizon = k if horizon is None else horizon
+        if not 1 <= self.horizon <= k:
+            raise ValueError(f"horizon must be 1 to {k} (the model's K), got {horizon}")
+        text_dim = model.config.text_dim
+        if text_dim and text_encoder is not None and text_encoder.dim != text_dim:
+            raise ValueError(
+                f"text encoder {text_encoder.name!r} gives {text_encoder.dim} values; "
+                f"the model takes {text_dim}"
+            )
+        self.model = model.eval()
+        self.text_encoder = text_encoder if text_dim else None
+        self.use_text = use_text and text_dim > 0
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        location: str | os.PathLike[str],
+        *,
+        horizon: int | None = None,
+        text_encoder: TextEncoder | str | None = "auto",
+        use_text: bool = True,
+    ) -> GraphSageForecaster:
+        """Load a forecaster from a checkpoint folder.
+
+        Args:
+            location: the folder (or one of its files).
+            horizon: as in the constructor.
+            text_encoder: ``"auto"`` builds the encoder named in the sidecar (cached);
+                ``None`` uses no encoder (only ``hidden`` feeds ``h_txt``); a name or an
+                encoder is used as given.
+            use_text: as in the constructor.
+
+        Raises:
+            CheckpointError: the checkpoint is missing or malformed.
+            ValueError: as the constructor.
+        """
+        model, info = load_checkpoint(location)
+        encoder: TextEncoder | None
+        if text_encoder == "auto":
+            encoder = make_text_encoder(info.text_encoder) if info.text_encoder else None
+        elif isinstance(text_encoder, str):
+            encoder = make_text_encoder(text_encoder)
+        else:
+            encoder = text_encoder
+        return cls(model, info.agents, horizon=horizon, text_encoder=encoder, use_text=use_text)
+
+    def forecast(self, states: Sequence[WorkflowState]) -> np.ndarray:
+        """Forecast the next ``K`` steps of each workflow in one forward pass.
+
+        Args:
+            states: one per workflow; ``path``, and ``hidden`` or ``task_text``, are used.
+
+        Returns:
+            float64 array, shape ``(len(states), K, |V|+1)``; each row sums to 1.
+
+        Raises:
+            ValueError: a path is empty or names an unknown agent, or a ``hidden`` has
+                the wrong size.
+        """
+        if not states:
+            return np.zeros((0, self.horizon, len(self.agents) + 1))
+        batch = self.encode(states)
+        with torch.inference_mode():
+            probs = self.model.probabilities(batch)[:, : self.horizon]
+        out = probs.double().numpy()
+        return out / out.sum(axis=-1, keepdims=True)
+
+    def encode(self, states: Sequence[WorkflowState]) -> GraphSageBatch:
+        """Turn states into the model's input batch (see :class:`GraphSageBatch`)."""
+        config = self.model.config
+        paths = encode_paths(
+            self._index,
+            [s.path for s in states],
+            max_prefix=config.max_prefix,
+            max_positions=config.max_positions,
+        )
+        text, has_text = self._text_vectors(states)
+        return GraphSageBatch.from_arrays(paths, text, has_text)
+
+    def _text_vectors(self, states: Sequence[WorkflowState]) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(vectors (B, D), present (B,))`` for ``states``."""
+        dim = self.model.config.text_dim
+        text = np.zeros((len(states), dim), dtype=np.float32)
+        has_text = np.zeros(len(states), dtype=bool)
+        if not self.use_text:
+            return text, has_text
+        to_encode: dict[str, list[int]] = {}
+        for row, state in enumerate(states):
+            if state.hidden is not None:
+                hidden = np.asarray(state.hidden, dtype=np.float32).reshape(-1)
+                if hidden.shape != (dim,):
+                    raise ValueError(
+                        f"workflow {state.workflow_id!r}: hidden has {hidden.size} values, "
+                        f"the model takes {dim}"
+                    )
+                text[row], has_text[row] = hidden, True
+            elif self.text_encoder is not None and state.task_text:
+                to_encode.setdefault(state.task_text, []).append(row)
+        if to_encode and self.text_encoder is not None:
+            vectors = self.text_encoder.encode(list(to_encode))
+            for vector, rows in zip(vectors, to_encode.values(), strict=True):
+                text[rows], has_text[rows] = vector, True
+        return text, has_text
+
+
+def build_graphsage(
+    agents: Sequence[str],
+    *,
+    horizon: int,
+    traces: Iterable[TraceRecord] = (),
+    graph: CallGraph | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    text_encoder: str | None = None,
+    train: TrainConfig = TrainConfig(),  # noqa: B008 - frozen, never mutated
+) -> GraphSageForecaster:
+    """Load a ``graphsage`` forecaster from ``checkpoint``, or train one on ``traces``.
+
+    Args:
+        agents: the column order the forecaster must use.
+        horizon: ``K``; a checkpoint must have at least this many heads.
+        traces: training traces (used only without ``checkpoint``).
+        graph: the call graph to train over; default the transitions ``traces`` take.
+        checkpoint: a checkpoint folder.
+        text_encoder: task-text encoder name; ``None`` means none when training and the
+            sidecar's encoder when loading.
+        train: fit settings when training here.
+
+    Raises:
+        ValueError: neither a checkpoint nor a non-empty trace is given, or the
+            checkpoint's agents differ from ``agents``.
+        CheckpointError: the checkpoint is missing or malformed.
+    """
+    agents = tuple(agents)
+    if checkpoint is not None:
+        forecaster = GraphSageForecaster.from_checkpoint(
+            checkpoint, horizon=horizon, text_encoder=text_encoder or "auto"
+        )
+        if forecaster.agents != agents:
+            raise ValueError(
+                f"checkpoint {checkpoint} forecasts agents {forecaster.agents}, not {agents}"
+            )
+        return forecaster
+    records = [r for r in traces if r.steps]
+    if not records:
+        raise ValueError("forecaster 'graphsage' needs checkpoint= or non-empty traces=")
+    graph = _in_order(graph, agents) if graph else CallGraph.from_traces(records, agents)
+    encoder = make_text_encoder(text_encoder) if text_encoder else None
+    vectors = encoder.encode([r.task_text for r in records]) if encoder else None
+    result = fit_graphsage(
+        records, graph, config=GraphSageConfig(horizon=horizon), train=train, text_vectors=vectors
+    )
+    return GraphSageForecaster(result.model, agents, text_encoder=encoder)
+
+
+def _in_order(graph: CallGraph, agents: tuple[str, ...]) -> CallGraph:
+    """Return ``graph`` with its nodes in ``agents`` order (same edges).
+
+    Raises:
+        ValueError: the graph's agents are not the same set as ``agents``.
+    """
+    if set(graph.agents) != set(agents):
+        raise ValueError(f"graph agents {sorted(graph.agents)} differ from agents {sorted(agents)}")
+    if graph.agents == agents:
+        return graph
+    return CallGraph(agents, [(a, b) for a in agents for b in graph.successors(a)])

@@ -1,0 +1,237 @@
+"""Fit a GraphSAGE forecaster on traces (§6): cross-entropy per step, best epoch kept.
+
+Plain synchronous code. Progress is reported through an ``on_epoch`` callback (the CLI
+draws a progress bar with it).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.dataset import Examples, build_examples
+from pbkv.predictor.features import agent_statistics, reachability_masks, successor_edges
+from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
+from pbkv.predictor.trace import TraceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class TrainConfig:
+    """How to fit.
+
+    Args:
+        epochs: passes over the training examples.
+        batch_size: examples per optimiser step.
+        learning_rate: AdamW's peak rate (cosine-annealed to 5% of it).
+        weight_decay: AdamW's decoupled weight decay.
+        text_dropout: probability of hiding an example's text vector, so the model also
+            works when a state comes without one.
+        val_fraction: share of traces held out to choose the best epoch; 0 keeps the last.
+        seed: initialisation, shuffling and split seed.
+        threads: torch intra-op threads during the fit (restored after). One is the
+            default: the model is small, and on a shared 2-core machine more threads
+            spin against other processes and run many times slower.
+    """
+
+    epochs: int = 30
+    batch_size: int = 256
+    learning_rate: float = 2e-3
+    weight_decay: float = 0.05
+    text_dropout: float = 0.3
+    val_fraction: float = 0.1
+    seed: int = 0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or self.threads < 1:
+            raise ValueError("epochs, batch_size and threads must be >= 1")
+        if not 0.0 <= self.text_dropout <= 1.0:
+            raise ValueError(f"text_dropout must be in [0, 1], got {self.text_dropout}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochReport:
+    """One epoch's losses (mean cross-entropy per labelled step); ``val_loss`` is nan
+    without a validation split."""
+
+    epoch: int
+    epochs: int
+    train_loss: float
+    val_loss: float
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    """A fitted model and how it got there.
+
+    Args:
+        model: the weights of the best epoch (lowest validation loss, else the last), in
+            eval mode.
+        history: one report per epoch.
+        best_epoch: 1-based epoch whose weights were kept.
+        examples: training examples (prefixes) used, validation excluded.
+        elapsed_s: wall time of the fit, features and text vectors excluded.
+    """
+
+    model: GraphSageModel
+    history: tuple[EpochReport, ...]
+    best_epoch: int
+    examples: int
+    elapsed_s: float
+
+
+def build_model(
+    graph: CallGraph, records: Sequence[TraceRecord], config: GraphSageConfig
+) -> GraphSageModel:
+    """Return an untrained model over ``graph`` with statistics from ``records``."""
+    return GraphSageModel(
+        config,
+        successor_edges(graph),
+        agent_statistics(graph, records),
+        reachability_masks(graph, config.horizon),
+    )
+
+
+def fit_graphsage(
+    records: Sequence[TraceRecord],
+    graph: CallGraph,
+    *,
+    config: GraphSageConfig = GraphSageConfig(),  # noqa: B008 - frozen, never mutated
+    train: TrainConfig = TrainConfig(),  # noqa: B008 - frozen, never mutated
+    text_vectors: np.ndarray | None = None,
+    on_epoch: Callable[[EpochReport], None] | None = None,
+) -> TrainResult:
+    """Train a GraphSAGE forecaster on ``records``.
+
+    Args:
+        records: finished workflows over ``graph``'s agents.
+        graph: the app's call graph (its agent order is the column order).
+        config: model sizes; ``text_dim`` is set from ``text_vectors``.
+        train: optimiser settings.
+        text_vectors: one task-text vector per record, shape ``(len(records), D)``, or
+            ``None`` to train without ``h_txt``.
+        on_epoch: called after every epoch.
+
+    Raises:
+        ValueError: no trace has a step, a trace leaves the graph, or ``text_vectors``
+            has the wrong number of rows.
+    """
+    for record in records:
+        if record.steps:
+            graph.validate_path(record.agents)
+    text_dim = 0 if text_vectors is None else int(text_vectors.shape[1])
+    config = replace(config, text_dim=text_dim)
+    torch.manual_seed(train.seed)
+    rng = np.random.default_rng(train.seed)
+    model = build_model(graph, records, config)
+    examples = build_examples(
+        records,
+        graph.agents,
+        horizon=config.horizon,
+        max_prefix=config.max_prefix,
+        max_positions=config.max_positions,
+        text_vectors=text_vectors,
+    )
+    if len(examples) == 0:
+        raise ValueError("no trace has a step to learn from")
+    fit_rows, val_rows = _split(examples, train.val_fraction, rng)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(train.threads)
+    try:
+        return _fit(model, examples, fit_rows, val_rows, train, rng, on_epoch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _split(
+    examples: Examples, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out whole traces: return (train rows, validation rows) of ``examples``."""
+    traces = np.unique(examples.trace)
+    n_val = int(val_fraction * len(traces))
+    if n_val == 0 or n_val == len(traces):
+        return np.arange(len(examples)), np.zeros(0, dtype=np.int64)
+    held = rng.permutation(traces)[:n_val]
+    is_val = np.isin(examples.trace, held)
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def _fit(
+    model: GraphSageModel,
+    examples: Examples,
+    fit_rows: np.ndarray,
+    val_rows: np.ndarray,
+    train: TrainConfig,
+    rng: np.random.Generator,
+    on_epoch: Callable[[EpochReport], None] | None,
+) -> TrainResult:
+    started = time.perf_counter()
+    batch = GraphSageBatch.from_arrays(examples.paths, examples.text, examples.has_text)
+    labels = torch.from_numpy(examples.labels)
+    optimiser = torch.optim.AdamW(
+        model.parameters(), lr=train.learning_rate, weight_decay=train.weight_decay
+    )
+    steps_per_epoch = math.ceil(len(fit_rows) / train.batch_size)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(
+        optimiser, T_max=train.epochs * steps_per_epoch, eta_min=0.05 * train.learning_rate
+    )
+    history: list[EpochReport] = []
+    best = (math.inf, 0, copy.deepcopy(model.state_dict()))
+    for epoch in range(1, train.epochs + 1):
+        model.train()
+        losses = []
+        for chunk in np.array_split(rng.permutation(fit_rows), steps_per_epoch):
+            rows = torch.from_numpy(chunk)
+            part = _drop_text(batch.select(rows), train.text_dropout, rng)
+            loss = model.loss(part, labels[rows])
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+            schedule.step()
+            losses.append(loss.item() * len(chunk))
+        val_loss = _evaluate_loss(model, batch, labels, val_rows)
+        report = EpochReport(
+            epoch,
+            train.epochs,
+            sum(losses) / len(fit_rows),
+            val_loss,
+            time.perf_counter() - started,
+        )
+        history.append(report)
+        if on_epoch is not None:
+            on_epoch(report)
+        score = val_loss if len(val_rows) else -epoch
+        if score <= best[0]:
+            best = (score, epoch, copy.deepcopy(model.state_dict()))
+    model.load_state_dict(best[2])
+    model.eval()
+    elapsed = time.perf_counter() - started
+    return TrainResult(model, tuple(history), best[1], len(fit_rows), elapsed)
+
+
+def _drop_text(batch: GraphSageBatch, p: float, rng: np.random.Generator) -> GraphSageBatch:
+    if p <= 0 or batch.text.shape[1] == 0:
+        return batch
+    keep = torch.from_numpy(rng.random(len(batch.has_text)) >= p)
+    return batch._replace(has_text=batch.has_text & keep)
+
+
+def _evaluate_loss(
+    model: GraphSageModel, batch: GraphSageBatch, labels: torch.Tensor, rows: np.ndarray
+) -> float:
+    if len(rows) == 0:
+        return math.nan
+    model.eval()
+    index = torch.from_numpy(rows)
+    with torch.inference_mode():
+        return float(model.loss(batch.select(index), labels[index]))

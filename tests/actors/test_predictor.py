@@ -1,0 +1,150 @@
+"""PredictorActor: batching of concurrent forecast requests and the fallback chain (§6, §10)."""
+
+import numpy as np
+import pytest
+import trio
+
+from pbkv.actors.events import ForecastRequest
+from pbkv.actors.predictor import PredictorActor, PredictorStatistics
+from pbkv.runtime import open_actor_system
+
+from .conftest import AGENTS
+
+HORIZON = 2
+
+
+class Counting:
+    """Forecasts ``P^(1)[planner] = i / 100`` for workflow ``w{i}``; records each batch."""
+
+    name = "counting"
+    agents = AGENTS
+    horizon = HORIZON
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def forecast(self, states):
+        self.batches.append([s.workflow_id for s in states])
+        out = np.zeros((len(states), HORIZON, len(AGENTS) + 1))
+        for b, state in enumerate(states):
+            p = int(state.workflow_id[1:]) / 100
+            out[b, :, 0] = p
+            out[b, :, -1] = 1.0 - p
+        return out
+
+
+class Raising:
+    name = "broken"
+    agents = AGENTS
+    horizon = HORIZON
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def forecast(self, states):
+        self.calls += 1
+        raise RuntimeError("model on fire")
+
+
+async def ask_all(actor: PredictorActor, n: int, *, spacing_s: float = 0.0) -> dict[int, object]:
+    """Send ``n`` forecast requests from ``n`` tasks, ``spacing_s`` apart; collect replies."""
+    replies: dict[int, object] = {}
+
+    async def one(i: int) -> None:
+        send, receive = trio.open_memory_channel(1)
+        await trio.sleep(spacing_s * i)
+        await actor.ref.tell(ForecastRequest(f"w{i}", "demo", ("planner",), reply=send))
+        replies[i] = await receive.receive()
+
+    async with open_actor_system() as system:
+        await system.spawn(actor, name="predictor")
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+    return replies
+
+
+def assert_counting_replies(replies: dict[int, object]) -> None:
+    for i, forecast in replies.items():
+        assert forecast.shape == (HORIZON, len(AGENTS) + 1)
+        assert forecast[0, 0] == pytest.approx(i / 100)  # each reply went to its asker
+
+
+async def test_concurrent_requests_are_merged_into_one_batch(autojump_clock):
+    model = Counting()
+    actor = PredictorActor([model])
+    replies = await ask_all(actor, 8)
+    assert_counting_replies(replies)
+    assert len(replies) == 8
+    assert actor.predictor_statistics() == PredictorStatistics(
+        requests=8, batches=1, max_batch=8, fallbacks=0, failures=0
+    )
+    assert sorted(model.batches[0]) == [f"w{i}" for i in range(8)]
+
+
+async def test_requests_within_max_wait_share_a_batch(autojump_clock):
+    model = Counting()
+    actor = PredictorActor([model], max_wait_s=0.01)
+    replies = await ask_all(actor, 5, spacing_s=0.001)
+    assert_counting_replies(replies)
+    assert model.batches == [["w0", "w1", "w2", "w3", "w4"]]
+
+
+async def test_spaced_requests_without_waiting_go_alone(autojump_clock):
+    model = Counting()
+    actor = PredictorActor([model])
+    await ask_all(actor, 3, spacing_s=0.001)
+    assert model.batches == [["w0"], ["w1"], ["w2"]]
+    assert actor.predictor_statistics().batches == 3
+
+
+async def test_max_batch_caps_a_batch(autojump_clock):
+    model = Counting()
+    actor = PredictorActor([model], max_batch=3)
+    replies = await ask_all(actor, 7)
+    assert_counting_replies(replies)
+    assert [len(b) for b in model.batches] == [3, 3, 1]
+    assert actor.predictor_statistics().max_batch == 3
+
+
+async def test_a_failing_model_falls_back_to_the_next(autojump_clock):
+    broken, model = Raising(), Counting()
+    actor = PredictorActor([broken, model])
+    replies = await ask_all(actor, 4)
+    assert_counting_replies(replies)
+    assert broken.calls == 1 and len(model.batches) == 1
+    assert actor.predictor_statistics() == PredictorStatistics(
+        requests=4, batches=1, max_batch=4, fallbacks=1, failures=1
+    )
+
+
+async def test_when_every_model_fails_the_reply_is_none(autojump_clock):
+    first, second = Raising(), Raising()
+    actor = PredictorActor([first, second])
+    replies = await ask_all(actor, 3)
+    assert replies == {0: None, 1: None, 2: None}
+    assert (first.calls, second.calls) == (1, 1)
+    stats = actor.predictor_statistics()
+    assert (stats.failures, stats.fallbacks) == (2, 1)
+
+
+async def test_a_requester_that_left_does_not_stop_the_actor(autojump_clock):
+    model = Counting()
+    actor = PredictorActor([model])
+    async with open_actor_system() as system:
+        ref = await system.spawn(actor, name="predictor")
+        gone_send, gone_receive = trio.open_memory_channel(1)
+        gone_receive.close()
+        await ref.tell(ForecastRequest("w1", "demo", ("planner",), reply=gone_send))
+        send, receive = trio.open_memory_channel(1)
+        await ref.tell(ForecastRequest("w2", "demo", ("coder",), reply=send))
+        with trio.fail_after(60):
+            forecast = await receive.receive()
+    assert forecast[0, 0] == pytest.approx(0.02)
+    assert actor.predictor_statistics().requests == 2
+
+
+def test_an_empty_chain_is_refused():
+    with pytest.raises(ValueError, match="at least one forecaster"):
+        PredictorActor([])

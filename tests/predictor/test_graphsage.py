@@ -1,0 +1,215 @@
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from pbkv.predictor import END, CallGraph, WorkflowState, make_forecaster
+from pbkv.predictor.checkpoint import CheckpointError, CheckpointInfo, save_checkpoint
+from pbkv.predictor.features import encode_paths, reachability_masks, successor_edges
+from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
+from pbkv.predictor.graphsage_forecaster import GraphSageForecaster
+from pbkv.predictor.scoring import score_forecaster
+from pbkv.predictor.text import HashingEncoder
+from pbkv.predictor.train import TrainConfig, fit_graphsage
+from pbkv.predictor.vocab import agent_index
+
+AGENTS = ("A", "B", "C", "D")
+CYCLE = CallGraph(AGENTS, [("A", "B"), ("B", "C"), ("C", "D"), ("D", "A"), ("D", END)])
+TINY = GraphSageConfig(
+    agent_dim=8, hidden_dim=16, text_proj_dim=8, mlp_dim=32, attention_heads=2, dropout=0.0
+)
+FAST = TrainConfig(epochs=40, batch_size=32, learning_rate=1e-2, val_fraction=0.0)
+
+
+def tiny_model(horizon: int, text_dim: int, stats: int = 3) -> GraphSageModel:
+    config = GraphSageConfig(
+        horizon=horizon,
+        text_dim=text_dim,
+        agent_dim=8,
+        hidden_dim=16,
+        text_proj_dim=8,
+        mlp_dim=32,
+        attention_heads=2,
+    )
+    torch.manual_seed(0)
+    stats_table = np.arange(4 * stats, dtype=np.float32).reshape(4, stats) / 10
+    return GraphSageModel(
+        config, successor_edges(CYCLE), stats_table, reachability_masks(CYCLE, horizon)
+    )
+
+
+def batch_of(paths, text_dim: int, has_text) -> GraphSageBatch:
+    encoded = encode_paths(agent_index(AGENTS), paths, max_prefix=32, max_positions=64)
+    text = np.ones((len(paths), text_dim), dtype=np.float32)
+    return GraphSageBatch.from_arrays(encoded, text, np.asarray(has_text))
+
+
+@pytest.mark.parametrize("horizon", [1, 3])
+@pytest.mark.parametrize("text_dim", [0, 6])
+def test_shapes_on_a_4_node_graph(horizon, text_dim):
+    model = tiny_model(horizon, text_dim).eval()
+    paths = [("A",), ("A", "B", "C"), ("A", "B", "C", "D", "A")]
+    batch = batch_of(paths, text_dim, [True, False, True])
+
+    assert model.node_embeddings().shape == (4, 16)
+    logits = model(batch)
+    assert logits.shape == (3, horizon, 5)
+    probs = model.probabilities(batch)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3, horizon))
+    if text_dim:
+        assert model.text_summary(batch).shape == (3, 8)
+        assert torch.all(model.text_summary(batch)[1] == 0)  # no text -> h_txt = 0
+
+
+def test_impossible_columns_get_no_mass():
+    model = tiny_model(3, 0).eval()
+    with torch.no_grad():
+        batch = batch_of([("A",), ("A", "B", "C", "D")], 0, [False, False])
+        probs = model.probabilities(batch).numpy()
+    # from A: B, then C, then D; from D: END or A, then B, then C
+    assert probs[0, 0, 1] == pytest.approx(1.0)
+    assert probs[0, 2, 3] == pytest.approx(1.0)
+    assert probs[1, 0, [1, 2, 3]].sum() == 0.0
+    assert probs[1, 0, [0, 4]].sum() == pytest.approx(1.0)
+    assert probs[1, 1, 1] == pytest.approx(1.0)
+
+
+def test_default_sizes_give_about_350k_parameters():
+    graph = CallGraph(["p", "c", "t", "a"], [("p", "c"), ("c", "t"), ("t", "a"), ("a", "c")])
+    model = GraphSageModel(
+        GraphSageConfig(horizon=3, text_dim=576),
+        successor_edges(graph),
+        np.zeros((4, 11), dtype=np.float32),
+        reachability_masks(graph, 3),
+    )
+    assert 300_000 <= model.parameter_count() <= 400_000
+
+
+def test_bad_sizes_are_rejected():
+    with pytest.raises(ValueError, match="attention_heads"):
+        GraphSageConfig(hidden_dim=10, attention_heads=4)
+    with pytest.raises(ValueError, match="step_masks must have shape"):
+        GraphSageModel(
+            GraphSageConfig(horizon=2),
+            successor_edges(CYCLE),
+            np.zeros((4, 1), np.float32),
+            reachability_masks(CYCLE, 3),
+        )
+
+
+def cycle_traces(make_record, n: int = 24):
+    """Deterministic cycles: A B C D repeated twice, then END."""
+    return [make_record(*("A", "B", "C", "D") * 2, task_id=f"t{i}") for i in range(n)]
+
+
+def test_learns_a_deterministic_cycle(make_record):
+    traces = cycle_traces(make_record)
+    result = fit_graphsage(traces, CYCLE, config=TINY, train=FAST)
+    forecaster = GraphSageForecaster(result.model, AGENTS)
+
+    scores = score_forecaster(forecaster, traces)
+    np.testing.assert_array_equal(scores.top1, [1.0, 1.0, 1.0])
+    assert scores.mean_end_brier < 0.01
+    assert len(result.history) == 40 and result.best_epoch == 40
+
+
+def test_forecast_contract_and_checkpoint_round_trip(make_record, tmp_path):
+    traces = cycle_traces(make_record, 8)
+    vectors = HashingEncoder(8).encode([t.task_text for t in traces])
+    result = fit_graphsage(
+        traces,
+        CYCLE,
+        config=TINY,
+        train=TrainConfig(epochs=2, val_fraction=0.0),
+        text_vectors=vectors,
+    )
+    forecaster = GraphSageForecaster(result.model, AGENTS, text_encoder=HashingEncoder(8))
+    states = [
+        WorkflowState("w0", "demo", ("A",), "do it"),
+        WorkflowState("w1", "demo", ("A", "B", "C", "D"), "", hidden=np.ones(8)),
+    ]
+
+    out = forecaster.forecast(states)
+    assert out.dtype == np.float64 and out.shape == (2, 3, 5)
+    np.testing.assert_allclose(out.sum(-1), 1.0, atol=1e-12)
+    assert forecaster.forecast([]).shape == (0, 3, 5)
+
+    info = CheckpointInfo(
+        "demo",
+        AGENTS,
+        (("A", "B"), ("B", "C"), ("C", "D"), ("D", "A"), ("D", END)),
+        result.model.config,
+        None,
+        {"traces": 8},
+    )
+    save_checkpoint(tmp_path / "ckpt", result.model, info)
+    loaded = GraphSageForecaster.from_checkpoint(tmp_path / "ckpt", text_encoder=HashingEncoder(8))
+    np.testing.assert_allclose(loaded.forecast(states), out, atol=1e-6)
+    assert GraphSageForecaster.from_checkpoint(tmp_path / "ckpt", horizon=2).horizon == 2
+
+
+def test_wrong_inputs_are_rejected(make_record, tmp_path):
+    result = fit_graphsage(
+        cycle_traces(make_record, 4),
+        CYCLE,
+        config=TINY,
+        train=TrainConfig(epochs=1, val_fraction=0.0),
+        text_vectors=np.zeros((4, 8), np.float32),
+    )
+    forecaster = GraphSageForecaster(result.model, AGENTS)
+    with pytest.raises(ValueError, match="hidden has 3 values, the model takes 8"):
+        forecaster.forecast([WorkflowState("w", "demo", ("A",), hidden=np.ones(3))])
+    with pytest.raises(ValueError, match="unknown agent 'Z'"):
+        forecaster.forecast([WorkflowState("w", "demo", ("Z",))])
+    with pytest.raises(ValueError, match="horizon must be 1 to 3"):
+        GraphSageForecaster(result.model, AGENTS, horizon=4)
+    with pytest.raises(ValueError, match="gives 5 values; the model takes 8"):
+        GraphSageForecaster(result.model, AGENTS, text_encoder=HashingEncoder(5))
+    with pytest.raises(CheckpointError, match="graphsage.json is missing"):
+        GraphSageForecaster.from_checkpoint(tmp_path)
+    (tmp_path / "graphsage.json").write_text('{"format": "other"}')
+    (tmp_path / "graphsage.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="format is 'other'"):
+        GraphSageForecaster.from_checkpoint(tmp_path)
+
+
+def test_registry_trains_on_traces_or_loads_a_checkpoint(make_record, tmp_path):
+    traces = cycle_traces(make_record, 6)
+    with pytest.raises(ValueError, match="needs checkpoint= or non-empty traces="):
+        make_forecaster("graphsage", agents=AGENTS, horizon=3)
+    trained = make_forecaster("graphsage", agents=AGENTS, horizon=2, traces=traces, graph=CYCLE)
+    assert isinstance(trained, GraphSageForecaster)
+    assert (trained.name, trained.agents, trained.horizon) == ("graphsage", AGENTS, 2)
+
+    info = CheckpointInfo(
+        "demo",
+        AGENTS,
+        (("A", "B"), ("B", "C"), ("C", "D"), ("D", "A"), ("D", END)),
+        trained.model.config,
+    )
+    save_checkpoint(tmp_path, trained.model, info)
+    loaded = make_forecaster("graphsage", agents=AGENTS, horizon=2, checkpoint=tmp_path)
+    assert isinstance(loaded, GraphSageForecaster)
+    with pytest.raises(ValueError, match="forecasts agents"):
+        make_forecaster("graphsage", agents=AGENTS[::-1], horizon=2, checkpoint=tmp_path)
+
+
+def test_importing_the_predictor_package_does_not_import_torch():
+    code = (
+        "import sys, pbkv.predictor as p; p.make_forecaster; "
+        "assert 'torch' not in sys.modules and 'torch_geometric' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_single_query_attention_equals_multihead_attention():
+    model = tiny_model(2, 0).eval()
+    torch.manual_seed(1)
+    query, keys = torch.randn(5, 16), torch.randn(5, 7, 16)
+    padding = torch.zeros(5, 7, dtype=torch.bool)
+    padding[1, 3:] = padding[4, 1:] = True
+    expected, _ = model.attention(query[:, None], keys, keys, key_padding_mask=padding)
+    with torch.no_grad():
+        torch.testing.assert_close(model.attend(query, keys, padding), expected[:, 0])

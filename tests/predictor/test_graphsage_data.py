@@ -1,0 +1,157 @@
+"""Inputs of the GraphSAGE forecaster: features, labels, examples, splits, scores, text."""
+
+import numpy as np
+import pytest
+
+from pbkv.predictor import END, CallGraph, MarkovForecaster, UniformForecaster, top1_accuracy
+from pbkv.predictor.dataset import build_examples, split_records
+from pbkv.predictor.features import (
+    AGENT_STATISTICS,
+    IGNORE_LABEL,
+    agent_statistics,
+    encode_paths,
+    reachability_masks,
+    step_labels,
+    successor_edges,
+)
+from pbkv.predictor.scoring import score_forecaster
+from pbkv.predictor.text import (
+    CachedEncoder,
+    HashingEncoder,
+    make_text_encoder,
+    text_encoder_names,
+)
+from pbkv.predictor.vocab import agent_index
+
+CODEGEN = CallGraph(
+    ["planner", "coder", "tester", "analyzer"],
+    [
+        ("planner", "coder"),
+        ("coder", "tester"),
+        ("tester", "analyzer"),
+        ("tester", END),
+        ("analyzer", "coder"),
+    ],
+)
+
+
+def test_step_labels_follow_the_conditional_convention():
+    index = agent_index(["A", "B"])
+    assert step_labels(index, ("A", "B", "A"), 3).tolist() == [
+        [1, 0, 2],
+        [0, 2, IGNORE_LABEL],
+        [2, IGNORE_LABEL, IGNORE_LABEL],
+    ]
+
+
+def test_reachability_masks_of_the_codegen_graph():
+    masks = reachability_masks(CODEGEN, 3).astype(int)
+    # columns: planner, coder, tester, analyzer, END
+    assert masks[0].tolist() == [
+        [0, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 0, 1, 1],
+        [0, 1, 0, 0, 0],
+    ]
+    assert masks[1, 2].tolist() == [0, 1, 0, 0, 0]  # tester, alive at t+2: analyzer ran
+    assert masks[2, 0].tolist() == [0, 0, 0, 1, 1]  # planner -> coder -> tester -> ?
+
+
+def test_message_edges_point_from_successor_to_agent():
+    edges = successor_edges(CODEGEN)
+    assert sorted(map(tuple, edges.T.tolist())) == [(1, 0), (1, 3), (2, 1), (3, 2)]
+
+
+def test_encode_paths_keeps_the_last_agents_with_their_positions():
+    index = agent_index(["A", "B"])
+    encoded = encode_paths(index, [("A",), ("A", "B", "A", "B")], max_prefix=3, max_positions=3)
+    assert encoded.current.tolist() == [0, 1]
+    assert encoded.prefix.tolist() == [[0, 0, 0], [1, 0, 1]]
+    assert encoded.positions.tolist() == [[0, 0, 0], [1, 2, 2]]
+    assert encoded.padding.tolist() == [[False, True, True], [False, False, False]]
+    assert encoded.current_position.tolist() == [0, 2]
+    assert encoded.recency.tolist() == [[0, 0, 0], [2, 1, 0]]
+    with pytest.raises(ValueError, match="at least the current agent"):
+        encode_paths(index, [()], max_prefix=3, max_positions=3)
+
+
+def test_agent_statistics_are_standardised_columns(make_record):
+    records = [make_record("planner", "coder", "tester"), make_record("planner", "coder")]
+    stats = agent_statistics(CODEGEN, records)
+    assert stats.shape == (4, len(AGENT_STATISTICS)) and stats.dtype == np.float32
+    np.testing.assert_allclose(stats.mean(axis=0), 0.0, atol=1e-6)
+    assert set(np.round(stats.std(axis=0), 5)) <= {0.0, 1.0}
+
+
+def test_examples_hold_every_prefix_with_its_text(make_record):
+    records = [make_record("A", "B"), make_record(), make_record("B")]
+    vectors = np.arange(6, dtype=np.float32).reshape(3, 2)
+    examples = build_examples(
+        records, ["A", "B"], horizon=2, max_prefix=4, max_positions=8, text_vectors=vectors
+    )
+    assert len(examples) == 3
+    assert examples.trace.tolist() == [0, 0, 2]
+    assert examples.labels.tolist() == [[1, 2], [2, IGNORE_LABEL], [2, IGNORE_LABEL]]
+    assert examples.text.tolist() == [[0, 1], [0, 1], [4, 5]]
+    with pytest.raises(ValueError, match="2 rows for 3 records"):
+        build_examples(
+            records, ["A", "B"], horizon=2, max_prefix=4, max_positions=8, text_vectors=vectors[:2]
+        )
+
+
+def test_split_by_task_keeps_the_trials_of_a_task_together(make_record):
+    records = [
+        make_record("A", task_id=f"{task}-{trial}") for task in range(10) for trial in range(4)
+    ]
+    train, test = split_records(records, 0.25, seed=3, by_task=True)
+    assert (len(train), len(test)) == (32, 8)
+    assert not {r.task_id.split("-")[0] for r in train} & {r.task_id.split("-")[0] for r in test}
+    assert split_records(records, 0.25, seed=3, by_task=True) == (train, test)
+    with pytest.raises(ValueError, match="test_fraction"):
+        split_records(records, 1.0, seed=0)
+
+
+def test_scores_match_top1_accuracy_and_an_exact_brier(make_record):
+    graph = CallGraph(["A", "B"], [("A", "B"), ("B", "A"), ("B", END)])
+    records = [make_record("A", "B"), make_record("A", "B", "A", "B")]
+    markov = MarkovForecaster(["A", "B"], horizon=3, graph=graph).fit(records)
+    scores = score_forecaster(markov, records, batch_size=2)
+    np.testing.assert_allclose(scores.top1, top1_accuracy(markov, records))
+    assert scores.pairs.tolist() == [6, 4, 2]
+
+    uniform = score_forecaster(UniformForecaster(["A", "B"], horizon=1), records)
+    # 6 pairs with P[END] = 1/3: two END labels, four agent labels
+    assert uniform.end_brier[0] == pytest.approx((2 * (2 / 3) ** 2 + 4 * (1 / 3) ** 2) / 6)
+    assert uniform.mean_end_brier == pytest.approx(uniform.end_brier[0])
+
+
+def test_hashing_encoder_is_deterministic_and_normalised():
+    encoder = HashingEncoder(16)
+    a, b, empty = encoder.encode(["Tricky concurrency bug", "tricky CONCURRENCY bug", ""])
+    np.testing.assert_array_equal(a, b)
+    assert np.linalg.norm(a) == pytest.approx(1.0) and not empty.any()
+
+
+def test_cached_encoder_embeds_each_text_once_across_instances(tmp_path):
+    class Counting(HashingEncoder):
+        def __init__(self):
+            super().__init__(8)
+            self.seen = []
+
+        def encode(self, texts):
+            self.seen += list(texts)
+            return super().encode(texts)
+
+    inner = Counting()
+    first = CachedEncoder(inner, tmp_path).encode(["x", "y", "x"])
+    second = CachedEncoder(inner, tmp_path).encode(["y", "x"])
+    assert inner.seen == ["x", "y"]
+    np.testing.assert_array_equal(second, first[[1, 0]])
+    assert len(list((tmp_path / "hashing-8").rglob("*.npy"))) == 2
+
+
+def test_text_encoders_by_name():
+    assert text_encoder_names() == ("hashing", "minilm", "smollm2")
+    assert make_text_encoder("smollm2", cache=False).dim == 576
+    with pytest.raises(ValueError, match="unknown text encoder 'bert'; known text encoders"):
+        make_text_encoder("bert")
