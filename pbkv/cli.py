@@ -68,7 +68,13 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--predictor",
         default=d.predictor,
-        help="forecaster for he/pbkv: markov, markov-1..3, oracle, uniform",
+        help="forecaster for he/pbkv: markov, markov-1..3, graphsage, oracle, uniform",
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="GraphSAGE checkpoint folder (pbkv train); without one, graphsage is trained "
+        "on the --train-workflows traces without text",
     )
     p.add_argument(
         "--noise",
@@ -112,6 +118,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         horizon=args.horizon,
         gamma=args.gamma,
         noise=args.noise,
+        checkpoint=args.checkpoint,
     )
 
 
@@ -310,6 +317,133 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
     return _exit_status([r for app in demo for r in app.results], console)
 
 
+def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
+    trace = sub.add_parser("trace", help="generate or split workflow traces (JSONL)")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    gen = tsub.add_parser("generate", help="write an app's generated workflows as traces")
+    gen.add_argument("--app", required=True)
+    gen.add_argument("--workflows", type=_positive_int, default=1000)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True, help="JSONL file to write")
+    gen.set_defaults(run=_run_trace_generate)
+    split = tsub.add_parser("split", help="split a trace file into train and held-out files")
+    split.add_argument("traces")
+    split.add_argument("--train-out", required=True)
+    split.add_argument("--test-out", required=True)
+    split.add_argument("--test-fraction", type=float, default=0.25)
+    split.add_argument("--seed", type=int, default=0)
+    split.add_argument(
+        "--no-by-task",
+        dest="by_task",
+        action="store_false",
+        help="split workflows freely (default keeps a task's trials together)",
+    )
+    split.set_defaults(run=_run_trace_split)
+
+    train = sub.add_parser("train", help="train the GraphSAGE predictor on traces")
+    train.add_argument("--app", required=True)
+    train.add_argument("--traces", required=True, help="training traces (JSONL)")
+    train.add_argument("--out", required=True, help="checkpoint folder")
+    train.add_argument("--epochs", type=_positive_int, default=30)
+    train.add_argument("--horizon", type=_positive_int, default=3)
+    train.add_argument(
+        "--text-encoder", default="smollm2", help="smollm2, minilm, hashing or none (no h_txt)"
+    )
+    train.add_argument("--seed", type=int, default=0)
+    train.set_defaults(run=_run_train)
+
+    ev = sub.add_parser("eval-predictor", help="top-1 accuracy per step and END Brier score")
+    ev.add_argument("--app", required=True)
+    ev.add_argument("--traces", required=True, help="held-out traces (JSONL)")
+    ev.add_argument(
+        "--predictors",
+        default="markov-1,markov-3,graphsage",
+        help="comma-separated forecasters (graphsage-notext withholds the text)",
+    )
+    ev.add_argument("--train-traces", default=None, help="traces the Markov models are fitted on")
+    ev.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
+    ev.add_argument("--horizon", type=_positive_int, default=3)
+    ev.set_defaults(run=_run_eval_predictor)
+
+    bp = sub.add_parser("bench-predictor", help="forecast latency for a batch of states")
+    bp.add_argument("--checkpoint", required=True)
+    bp.add_argument("--batch", type=_positive_int, default=1024)
+    bp.add_argument("--repeats", type=_positive_int, default=20)
+    bp.add_argument("--threads", type=_positive_int, default=1)
+    bp.set_defaults(run=_run_bench_predictor)
+
+
+def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.predictor.cli_commands import trace_generate
+
+    _check_writable(args.out)
+    console.print(trace_generate(args.app, args.workflows, args.seed, args.out))
+    return 0
+
+
+def _run_trace_split(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.predictor.cli_commands import trace_split
+
+    console.print(
+        trace_split(
+            args.traces,
+            args.train_out,
+            args.test_out,
+            test_fraction=args.test_fraction,
+            seed=args.seed,
+            by_task=args.by_task,
+        )
+    )
+    return 0
+
+
+def _run_train(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.predictor.cli_commands import train
+
+    encoder = None if args.text_encoder == "none" else args.text_encoder
+    console.print(
+        train(
+            args.app,
+            args.traces,
+            args.out,
+            epochs=args.epochs,
+            horizon=args.horizon,
+            text_encoder=encoder,
+            seed=args.seed,
+            console=console,
+        )
+    )
+    return 0
+
+
+def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.predictor.cli_commands import eval_predictor
+
+    names = [n.strip() for n in args.predictors.split(",") if n.strip()]
+    console.print(
+        eval_predictor(
+            args.app,
+            args.traces,
+            names,
+            train_traces=args.train_traces,
+            checkpoint=args.checkpoint,
+            horizon=args.horizon,
+        )
+    )
+    return 0
+
+
+def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.predictor.cli_commands import bench_predictor
+
+    console.print(
+        bench_predictor(
+            args.checkpoint, batch=args.batch, repeats=args.repeats, threads=args.threads
+        )
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pbkv", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -318,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_trace_plot(sub)
     _add_demo(sub)
+    _add_predictor_commands(sub)
     return parser
 
 

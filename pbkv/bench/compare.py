@@ -30,7 +30,7 @@ from pbkv.kvmanager import (
     block_keys,
     get_policy,
 )
-from pbkv.predictor import NoiseForecaster, make_forecaster
+from pbkv.predictor import CallGraph, NoiseForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.runtime import seed_scheduler
 
@@ -56,6 +56,7 @@ class BenchConfig:
         horizon / gamma: score horizon K and decay.
         noise: ``lambda`` of the noise wrapper ``(1-lambda) P + lambda U`` on the
             predictor (``U`` a random distribution per forecast row, seeded by ``seed``).
+        checkpoint: GraphSAGE checkpoint folder for ``predictor="graphsage"``.
     """
 
     app: str = "codegen"
@@ -73,6 +74,7 @@ class BenchConfig:
     horizon: int = 3
     gamma: float = 0.8
     noise: float = 0.0
+    checkpoint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,19 +256,38 @@ def _check_fits(workload: Sequence[Workflow], gpu_kv_tokens: int, block_size: in
 def build_forecasters(
     config: BenchConfig,
     app_agents: Sequence[str],
+    app_edges: Sequence[tuple[str, str]],
     workload: Sequence[Workflow],
     train: Sequence[Workflow],
 ) -> list[Forecaster]:
-    """Return the predictor chain for ``config.predictor`` (fitted on ``train``)."""
+    """Return the predictor chain for ``config.predictor``, fitted on ``train``.
+
+    Training workflows whose task appears in the workload are left out (τ-bench replays
+    the same 200 episodes under every seed). A learned model falls back to markov-1.
+    """
     agents = tuple(app_agents)
-    traces = [w.to_trace() for w in train]
+    seen = {w.task_id for w in workload}
+    traces = [w.to_trace() for w in train if w.task_id not in seen]
     paths = {w.workflow_id: w.agents for w in workload}
-    forecaster = make_forecaster(
-        config.predictor, agents=agents, horizon=config.horizon, traces=traces, workflows=paths
-    )
+    graph = CallGraph(agents, app_edges)
+
+    def build(name: str) -> Forecaster:
+        return make_forecaster(
+            name,
+            agents=agents,
+            horizon=config.horizon,
+            traces=traces,
+            workflows=paths,
+            graph=graph,
+            checkpoint=config.checkpoint,
+        )
+
+    chain = [build(config.predictor)]
+    if config.predictor == "graphsage":
+        chain.append(build("markov-1"))
     if config.noise > 0:
-        forecaster = NoiseForecaster(forecaster, config.noise, seed=config.seed)
-    return [forecaster]
+        chain = [NoiseForecaster(f, config.noise, seed=config.seed) for f in chain]
+    return chain
 
 
 def compare_policies(
@@ -290,7 +311,7 @@ def compare_policies(
     app = get_app(config.app)
     workload = app.generate(config.workflows, config.seed)
     train = app.generate(config.train_workflows, config.seed + 10_000)
-    forecasters = build_forecasters(config, app.agents, workload, train)
+    forecasters = build_forecasters(config, app.agents, app.edges, workload, train)
     gpu_tokens = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     gpu_tokens = min(gpu_tokens, cost.gpu_kv_capacity_tokens)

@@ -86,3 +86,24 @@ def test_cli_rejects_unknown_names(capsys):
     assert "known: lru, lae, he, pbkv" in capsys.readouterr().err
     assert main(["bench", "--app", "nope", "--workflows", "2"]) == 2
     assert "known apps" in capsys.readouterr().err
+
+
+def test_graphsage_predictor_runs_in_the_bench_with_markov_fallback():
+    from pbkv.bench.compare import build_forecasters
+    from pbkv.examples import get_app
+
+    config = dataclasses.replace(
+        SMALL,
+        workflows=6,
+        concurrency=2,
+        train_workflows=40,
+        predictor="graphsage",
+        policies=("pbkv",),
+    )
+    app = get_app("codegen")
+    chain = build_forecasters(
+        config, app.agents, app.edges, app.generate(6, 0), app.generate(40, 1)
+    )
+    assert [f.name for f in chain] == ["graphsage", "markov-1"]
+    results, _ = compare_policies(config)
+    assert results[0].predictor == "graphsage" and results[0].kv.score_refreshed_nodes > 0
