@@ -12,6 +12,8 @@ for app in hover codegen swebench financebench taubench; do
 done
 pbkv bench --app hover --policies "$all" --host-kv-tokens 0 --json "$out/bench-hover-nohost.json"
 pbkv bench --app hover --policies pbkv --predictor oracle --json "$out/bench-hover-oracle.json"
+pbkv bench --app codegen --policies lru,he,pbkv --predictor graphsage --train-workflows 1000 \
+  --json "$out/bench-codegen-graphsage.json"
 pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 --out-dir "$out"
 pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 --out-dir "$out"
 pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive --values 0,0.1,0.2,0.3,0.5,0.8,1 \
