@@ -65,6 +65,7 @@ class BeladyTracker:
         self._reprioritize = reprioritize
         self._clock = clock
         self._refreshed_at: float | None = None
+        self.refresh_interval_s = 1.0
 
     def on_agent_invoked(self, workflow_id: str, step: int) -> None:
         self._invoked[workflow_id] = (step, self._clock())
@@ -94,9 +95,16 @@ class BeladyTracker:
         return best
 
     def refresh(self) -> None:
-        """Re-key every node with its next use, unless nothing changed since the last time."""
+        """Re-key every node with its next use.
+
+        Skipped when no workflow advanced and less than :attr:`refresh_interval_s` of
+        clock time passed since the last refresh: next uses drift with time only by the
+        same amount for every running workflow, and a full re-key per eviction makes
+        long runs quadratic.
+        """
         now = self._clock()
-        if self._refreshed_at == now:
+        last = self._refreshed_at
+        if last is not None and now - last < self.refresh_interval_s:
             return
         self._refreshed_at = now
         for node in self._nodes():

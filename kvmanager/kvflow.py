@@ -109,11 +109,11 @@ class KVFlowTracker:
     def _refresh(self) -> None:
         ste = {
             a: min((self.graph.distance(c, a) for c in self._current.values()), default=UNREACHABLE)
-            for a in self._fixed
+            for a in {*self.graph.agents, *self._fixed}
         }
         changed = {a for a, s in ste.items() if self._ste.get(a) != s}
         self._ste = ste
-        for node in {n for a in changed for n in self._fixed[a]}:
+        for node in {n for a in changed for n in self._fixed.get(a, ())}:
             self._rehint(node)
 
     def _rehint(self, node: Node) -> None:

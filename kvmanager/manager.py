@@ -18,7 +18,7 @@ from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
-from pbkv.kvmanager.radix import Lease, LoadTransfer, RadixTree, TreeHooks
+from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
 
@@ -231,18 +231,17 @@ class KVManager:
             )
         match = self.tree.match_prefix(request.keys, request.namespace)
         lease = self.tree.lock(match.node)
-        host_nodes = match.host_nodes
-        to_load = [n for n in host_nodes if not n.loading]
-        matched = match.gpu_blocks + match.host_blocks
-        need = sum(n.num_blocks for n in to_load) + total - matched
-        if not self._make_gpu_room(need):
+        try:
+            admitted = self._reserve(match, total)
+        except BaseException:
+            self.tree.unlock(lease)
+            raise
+        if admitted is None:
             self.tree.unlock(lease)
             self._counters.rejected_admissions += 1
             return None
-        loads = self._joined_loads(host_nodes)
-        if to_load:
-            loads.append(self.tree.begin_load(to_load))
-        private = self.tree.allocate_private("gpu", total - matched)
+        loads, private = admitted
+        matched = match.gpu_blocks + match.host_blocks
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
         self._touch(match.path, request)
         bs = self.config.block_size
@@ -256,6 +255,24 @@ class KVManager:
             private_blocks=private,
             committed_blocks=matched,
         )
+
+    def _reserve(
+        self, match: MatchResult, total: int
+    ) -> tuple[list[LoadTransfer], list[int]] | None:
+        """Make GPU room, start (or join) the loads of host-only matched nodes and take
+        the private blocks; ``None`` when the request must wait."""
+        host_nodes = match.host_nodes
+        to_load = [n for n in host_nodes if not n.loading]
+        if to_load and any(n.loading for n in host_nodes[host_nodes.index(to_load[0]) :]):
+            return None  # an in-flight load below a failed one: wait for it to finish
+        matched = match.gpu_blocks + match.host_blocks
+        need = sum(n.num_blocks for n in to_load) + total - matched
+        if not self._make_gpu_room(need):
+            return None
+        loads = self._joined_loads(host_nodes)
+        if to_load:
+            loads.append(self.tree.begin_load(to_load))
+        return loads, self.tree.allocate_private("gpu", total - matched)
 
     def _make_gpu_room(self, need_blocks: int) -> bool:
         short = need_blocks - self.tree.gpu.num_free
@@ -346,11 +363,8 @@ class KVManager:
                 f"cannot commit {len(keys)} blocks after {admission.committed_blocks} "
                 f"with {len(admission.private_blocks)} reserved"
             )
-        blocks, admission.private_blocks = (
-            admission.private_blocks[:new],
-            admission.private_blocks[new:],
-        )
-        match = self.tree.insert(keys, blocks, admission.request.namespace)
+        match = self.tree.insert(keys, admission.private_blocks[:new], admission.request.namespace)
+        admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         old = admission.lease
         admission.lease = self.tree.lock(match.node)
         self.tree.unlock(old)
@@ -369,6 +383,24 @@ class KVManager:
         self.tree.free_private("gpu", admission.private_blocks)
         admission.private_blocks = []
         self.tree.unlock(admission.lease)
+
+    def discard_host_blocks(self, host_blocks: set[int]) -> int:
+        """Forget host copies held in ``host_blocks``: their device-to-host copy failed.
+
+        A failed copy must never leave a node resident (§5.1). Nodes still leased keep
+        their copy (none is, after an engine has failed and released its requests).
+
+        Returns:
+            Nodes whose host copy was discarded.
+        """
+        hit = [n for n in self.tree.nodes() if n.host_blocks and host_blocks & set(n.host_blocks)]
+        discarded = 0
+        for node in hit:
+            attached = node.parent is not None and node.parent.children.get(node.keys[0]) is node
+            if attached and node.on_host and not node.lock_count:
+                self.tree.discard_copy(node, "host")
+                discarded += 1
+        return discarded
 
     def complete_load(self, load: LoadTransfer, *, ok: bool) -> None:
         """Finish a host-to-GPU copy (see :meth:`RadixTree.complete_load`)."""

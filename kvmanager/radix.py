@@ -506,6 +506,24 @@ class RadixTree:
         if not parent.is_root:
             self.reprioritize(parent)
 
+    def discard_copy(self, node: Node, tier: Tier) -> None:
+        """Forget ``node``'s copy in ``tier`` because its data never landed (a failed copy).
+
+        A node left with no copy in any tier is removed with its subtree, so nothing is
+        matched past it.
+
+        Raises:
+            ValueError: the node is leased.
+
+        Mutates: the tree and the tier's pool.
+        """
+        if node.lock_count:
+            raise ValueError(f"cannot discard a copy of leased {node}")
+        if _blocks(node, tier) is not None:
+            self._release(node, tier)
+        if not node.on_gpu and not node.on_host and node.parent is not None:
+            self._drop(node)
+
     # -- host-to-GPU loads ---------------------------------------------------------
 
     def begin_load(self, nodes: list[Node], *, prefetch: bool = False) -> LoadTransfer:

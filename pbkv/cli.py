@@ -26,6 +26,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
 def _policies(text: str) -> tuple[str, ...]:
     from pbkv.kvmanager import POLICIES
 
@@ -146,11 +158,16 @@ def _progress(console: Console) -> Progress:
 
 
 def _check_writable(path: str | None) -> None:
+    """Fail before a long run if ``path`` cannot be written; create its folder."""
     if path is None:
         return
-    parent = Path(path).resolve().parent
-    if not parent.is_dir() or Path(path).is_dir():
-        raise ValueError(f"{path}: not a writable file path (folder {parent} missing?)")
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{path} is a folder; give a file path")
+    try:
+        target.resolve().parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot create its folder ({exc.strerror})") from None
 
 
 def _title(config, gpu_tokens: int) -> str:
@@ -206,7 +223,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("parameter", choices=PARAMETERS)
     p.add_argument(
         "--values",
-        type=lambda t: [float(v) for v in t.split(",") if v.strip()],
+        type=_float_list,
         default=None,
         help="comma-separated values (defaults: concurrency 2,4,8,16,32; horizon 1..5; "
         "noise 0,.1,.2,.3,.5)",
@@ -261,7 +278,6 @@ def _add_trace_plot(sub: argparse._SubParsersAction) -> None:
 def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.plots import plot_hit_timeline
 
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     _check_writable(args.out)
     config = _config_from(args)
     results, gpu_tokens = _compare(config, console)
@@ -292,6 +308,8 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
     from pbkv.engines.torchengine import DemoConfig, run_demo
 
     apps = tuple(a.strip() for a in args.apps.split(",") if a.strip())
+    if not apps:
+        raise ValueError("--apps names no app")
     config = DemoConfig(
         model=args.model,
         apps=apps,

@@ -27,7 +27,13 @@ import trio
 from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.bench.compare import BenchConfig, PolicyResult, gpu_tokens_for, summarise_outcomes
+from pbkv.bench.compare import (
+    BenchConfig,
+    PolicyResult,
+    baseline_inputs,
+    gpu_tokens_for,
+    summarise_outcomes,
+)
 from pbkv.engines.torchengine.engine import (
     TorchEngine,
     TorchEngineConfig,
@@ -36,7 +42,7 @@ from pbkv.engines.torchengine.engine import (
 )
 from pbkv.engines.torchengine.measure import reload_bytes_per_s
 from pbkv.engines.torchengine.model import load_model
-from pbkv.kvmanager import KVConfig, KVManager, KVStatistics, get_policy
+from pbkv.kvmanager import BaselineInputs, KVConfig, KVManager, KVStatistics, get_policy
 from pbkv.predictor import make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.runtime.clock import now_s
@@ -151,12 +157,13 @@ def run_demo(
         train = app.generate(cfg.train_workflows, cfg.seed + 10_000)
         traces = [w.to_trace() for w in train]
         forecaster = make_forecaster(cfg.predictor, agents=app.agents, horizon=3, traces=traces)
-        out.append(_compare(name, workload, lm, cfg, [forecaster], on_outcome))
+        out.append(_compare(name, app.edges, workload, lm, cfg, [forecaster], on_outcome))
     return out
 
 
 def _compare(
     app: str,
+    edges: Sequence[tuple[str, str]],
     workload: list[Workflow],
     model: PreTrainedModel,
     cfg: DemoConfig,
@@ -183,8 +190,10 @@ def _compare(
             bandwidth_bytes_per_s=bandwidth,
         )
         uses = get_policy(policy).uses_forecasts
+        bench = BenchConfig(app=app, concurrency=cfg.concurrency, block_size=bs)
+        baseline = baseline_inputs(workload, bench, policy, tuple(edges))
         result, stats = _serve(
-            workload, model, kv_config, forecasters if uses else (), cfg, policy, callback
+            workload, model, kv_config, baseline, forecasters if uses else (), cfg, policy, callback
         )
         results.append(result)
         engines.append(stats)
@@ -203,6 +212,7 @@ def _serve(
     workload: list[Workflow],
     model: PreTrainedModel,
     kv_config: KVConfig,
+    baseline: BaselineInputs,
     forecasters: Sequence[Forecaster],
     cfg: DemoConfig,
     policy: str,
@@ -212,7 +222,7 @@ def _serve(
     captured: list[tuple[KVStatistics, TorchStatistics]] = []
 
     async def main() -> list[WorkflowOutcome]:
-        kv = KVManager(kv_config, now_s)
+        kv = KVManager(kv_config, now_s, baseline)
         engine = TorchEngine(kv, model, TorchEngineConfig(max_batch_size=cfg.concurrency))
         outcomes = await serve_workflows(
             workload,

@@ -312,6 +312,7 @@ class TorchEngine:
             done = await trio.to_thread.run_sync(self._execute, plan)
         except BaseException as exc:
             self._fail_all(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+            self._abandon_copies(plan.copies)
             raise
         for item in self._inflight:
             if item.done is None:
@@ -415,6 +416,19 @@ class TorchEngine:
             self._fail(entry, error)
         self._running.clear()
         self._waiting.clear()
+
+    def _abandon_copies(self, copies: Sequence[BlockCopy]) -> None:
+        """After a failed step: fail the loads that did not land and forget host copies
+        whose device-to-host copy may not have run, so no node is left resident on
+        data that was never copied (§5.1, §10)."""
+        for item in [i for i in self._inflight if i.done is None]:
+            self._inflight.remove(item)
+            self._loading.discard(item.load)
+            self.kv.complete_load(item.load, ok=False)
+        demoted = {b for c in [*copies, *self._copies] if c.to_host for b in c.dst_blocks}
+        self._copies = []
+        if demoted:
+            self.kv.discard_host_blocks(demoted)
 
     def _prefix_blocks(self, entry: _Entry) -> tuple[int, ...]:
         """Return the GPU blocks of ``entry``'s matched prefix, root first (all landed)."""

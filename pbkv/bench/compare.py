@@ -103,7 +103,8 @@ def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
     """Return half the KV tokens ``concurrency`` workflows would keep for reuse.
 
     A workflow's reusable set is, per agent, its longest prompt + output; the shared
-    preamble is counted once. The median workflow stands for one slot.
+    preamble is counted once. The median workflow stands for one slot. Never less than
+    the largest single request plus a little room (64 tokens), so every request fits.
     """
     per_workflow = []
     for wf in workload:
@@ -113,7 +114,8 @@ def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
         preamble = len(wf.steps[0].segments[0].token_ids) if wf.steps else 0
         per_workflow.append(sum(longest.values()) - preamble * (len(longest) - 1))
     slots = min(concurrency, len(per_workflow))
-    return int(0.5 * slots * float(np.median(per_workflow)))
+    largest = max((s.prompt_tokens + s.output_tokens for w in workload for s in w.steps), default=0)
+    return max(int(0.5 * slots * float(np.median(per_workflow))), largest + 64)
 
 
 def run_policy(
@@ -146,7 +148,7 @@ def run_policy(
         bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
     )
     uses_forecasts = get_policy(policy).uses_forecasts
-    baseline = _baseline_inputs(workload, config, policy, step_graph_edges)
+    baseline = baseline_inputs(workload, config, policy, step_graph_edges)
     timeline: list[tuple[float, float]] = []
 
     async def main() -> list[WorkflowOutcome]:
@@ -180,12 +182,14 @@ def run_policy(
     return summarise_outcomes(policy, config, outcomes, kv_stats, wall_s, timeline)
 
 
-def _baseline_inputs(
+def baseline_inputs(
     workload: Sequence[Workflow],
     config: BenchConfig,
     policy: str,
     step_graph_edges: tuple[tuple[str, str], ...],
 ) -> BaselineInputs:
+    """Return what ``policy`` needs beyond the cache: the app's step graph (kvflow) and,
+    for belady, every workflow's future prompts with modelled start offsets."""
     future = None
     if get_policy(policy).tracker == "belady":
         cost = CostModel(load_hardware(config.hardware), load_model(config.model))
