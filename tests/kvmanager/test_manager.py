@@ -123,3 +123,27 @@ def test_forecast_shape_is_checked(clock):
     mgr = make_manager(clock, "pbkv")
     with pytest.raises(ValueError, match="does not fit"):
         mgr.on_forecast("w", np.ones((3, 2)), AGENTS)
+
+
+def test_commit_over_a_failed_load_raises_and_leaks_nothing(clock):
+    mgr = make_manager(clock, "lru", gpu=8, host=8)
+    run(mgr, clock, [1, 2, 3])
+    mgr.tree.evict("gpu", 3)
+    adm = mgr.try_admit(AdmitRequest([1, 2, 3], 3, 1))
+    mgr.complete_load(adm.loads[0], ok=False)
+    with pytest.raises(ValueError, match="not on the GPU"):
+        mgr.commit(adm, [1, 2, 3])
+    mgr.release(adm)
+    assert mgr.tree.private_blocks("gpu") == 0
+    mgr.check_integrity()
+
+
+def test_a_failed_demotion_copy_is_forgotten(clock):
+    mgr = make_manager(clock, "lru", gpu=8, host=8)
+    run(mgr, clock, [1, 2, 3])
+    mgr.tree.evict("gpu", 3)  # demoted: the engine's device-to-host copy then fails
+    host_blocks = set(mgr.tree.match_prefix([1, 2, 3]).node.host_blocks)
+    assert mgr.discard_host_blocks(host_blocks) == 1
+    assert mgr.tree.match_prefix([1, 2, 3]).host_blocks == 0
+    assert mgr.tree.nodes() == []
+    mgr.check_integrity()
