@@ -58,9 +58,14 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
     return table
 
 
-def result_record(r: PolicyResult) -> dict[str, object]:
-    """Return one policy result as a JSON-ready mapping (KV statistics included)."""
-    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+def result_record(r: PolicyResult, *, timeline: bool = True) -> dict[str, object]:
+    """Return one policy result as a JSON-ready mapping (KV statistics included).
+
+    ``timeline=False`` leaves out the per-invocation hit timeline (large; sweeps don't
+    plot it).
+    """
+    fields = (f.name for f in dataclasses.fields(r))
+    return {name: getattr(r, name) for name in fields if timeline or name != "hit_timeline"}
 
 
 def command_line(argv: Sequence[str] | None) -> str:
@@ -138,7 +143,7 @@ def write_sweep_json(
                 "value": p.value,
                 "gpu_kv_tokens": p.gpu_kv_tokens,
                 "hit_rate_spread": p.hit_rate_spread,
-                "results": [result_record(r) for r in p.results],
+                "results": [result_record(r, timeline=False) for r in p.results],
             }
             for p in points
         ],
