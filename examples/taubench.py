@@ -149,7 +149,11 @@ class TauBenchApp:
             task_id=episode.task_id,
             task_text=episode.opener,
             steps=episode.steps,
-            task_features={"reward": episode.reward, "n_tool_calls": float(episode.n_tool_calls)},
+            task_features={
+                "task": episode.task_id.rsplit("-", 1)[0],  # trials of one task share it
+                "reward": episode.reward,
+                "n_tool_calls": float(episode.n_tool_calls),
+            },
             end_reason="end",
         )
 

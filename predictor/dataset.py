@@ -85,6 +85,12 @@ def build_examples(
     return Examples(encoded, stacked, text, np.full(len(trace), text_vectors is not None), trace)
 
 
+def task_group(record: TraceRecord) -> str:
+    """Return the task a trace belongs to: its ``task`` feature (the τ-bench task whose
+    trials it replays) or, for generated apps, its own ``task_id``."""
+    return str(record.task_features.get("task", record.task_id))
+
+
 def split_records(
     records: Sequence[TraceRecord], test_fraction: float, *, seed: int, by_task: bool = False
 ) -> tuple[list[TraceRecord], list[TraceRecord]]:
@@ -94,18 +100,20 @@ def split_records(
         records: the traces.
         test_fraction: share of groups held out, in ``(0, 1)``.
         seed: shuffle seed.
-        by_task: group traces whose ``task_id`` differs only after its last ``-`` (the
-            trials ``{task}-{trial}`` of one τ-bench task), so no task is on both sides.
+        by_task: keep traces of one task together (see :func:`task_group`), so no task
+            is on both sides.
 
     Returns:
         ``(train, held_out)``, each in input order.
 
     Raises:
-        ValueError: ``test_fraction`` outside ``(0, 1)``.
+        ValueError: ``test_fraction`` outside ``(0, 1)``, or a side would be empty.
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    keys = [r.task_id.rsplit("-", 1)[0] if by_task else str(i) for i, r in enumerate(records)]
+    keys = [task_group(r) if by_task else str(i) for i, r in enumerate(records)]
+    if len(set(keys)) < 2:
+        raise ValueError(f"cannot split {len(records)} traces of {len(set(keys))} task(s) in two")
     groups = sorted(set(keys))
     order = np.random.default_rng(seed).permutation(len(groups))
     n_test = max(1, round(test_fraction * len(groups)))

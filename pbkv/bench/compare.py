@@ -32,6 +32,7 @@ from pbkv.kvmanager import (
 )
 from pbkv.predictor import CallGraph, NoiseForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
+from pbkv.predictor.dataset import task_group
 from pbkv.runtime import seed_scheduler
 
 
@@ -270,8 +271,8 @@ def build_forecasters(
     the same 200 episodes under every seed). A learned model falls back to markov-1.
     """
     agents = tuple(app_agents)
-    seen = {w.task_id for w in workload}
-    traces = [w.to_trace() for w in train if w.task_id not in seen]
+    seen = {task_group(w.to_trace()) for w in workload}
+    traces = [t for t in (w.to_trace() for w in train) if task_group(t) not in seen]
     paths = {w.workflow_id: w.agents for w in workload}
     graph = CallGraph(agents, app_edges)
 

@@ -101,7 +101,9 @@ def test_examples_hold_every_prefix_with_its_text(make_record):
 
 def test_split_by_task_keeps_the_trials_of_a_task_together(make_record):
     records = [
-        make_record("A", task_id=f"{task}-{trial}") for task in range(10) for trial in range(4)
+        make_record("A", task_id=f"{task}-{trial}", task=str(task))
+        for task in range(10)
+        for trial in range(4)
     ]
     train, test = split_records(records, 0.25, seed=3, by_task=True)
     assert (len(train), len(test)) == (32, 8)
@@ -109,6 +111,14 @@ def test_split_by_task_keeps_the_trials_of_a_task_together(make_record):
     assert split_records(records, 0.25, seed=3, by_task=True) == (train, test)
     with pytest.raises(ValueError, match="test_fraction"):
         split_records(records, 1.0, seed=0)
+
+
+def test_generated_traces_each_form_their_own_task(make_record):
+    records = [make_record("A", task_id=f"1-{i}") for i in range(20)]
+    train, test = split_records(records, 0.25, seed=0, by_task=True)
+    assert (len(train), len(test)) == (15, 5)
+    with pytest.raises(ValueError, match="cannot split 3 traces of 1 task"):
+        split_records([make_record("A", task_id="x", task="t")] * 3, 0.25, seed=0, by_task=True)
 
 
 def test_scores_match_top1_accuracy_and_an_exact_brier(make_record):
