@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -54,7 +55,7 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     from pbkv.bench.compare import BenchConfig
 
     d = BenchConfig()
-    p.add_argument("--app", default=d.app, help="app: codegen, taubench, ... (default %(default)s)")
+    p.add_argument("--app", default=d.app, help="app: codegen, taubench, ...")
     p.add_argument(
         "--policies",
         type=_policies,
@@ -62,13 +63,21 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         help="comma-separated policies (default lru,lae,he,pbkv; also kvflow, belady, "
         "pbkv-aggressive)",
     )
-    p.add_argument("--workflows", type=_positive_int, default=d.workflows)
-    p.add_argument("--concurrency", type=_positive_int, default=d.concurrency)
+    p.add_argument(
+        "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=d.concurrency,
+        help="workflows in flight at once",
+    )
     p.add_argument(
         "--gpu-kv-tokens",
         type=_positive_int,
         default=None,
-        help="GPU KV capacity in tokens (default: half the concurrent working set)",
+        help="GPU KV capacity in tokens (default: half the concurrent working set, capped "
+        "by the hardware profile's KV capacity)",
     )
     p.add_argument(
         "--host-kv-tokens",
@@ -76,7 +85,7 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="host tier in tokens (default: 2x the GPU tier, as SGLang HiCache)",
     )
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed")
     p.add_argument(
         "--predictor",
         default=d.predictor,
@@ -100,9 +109,11 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         default=d.train_workflows,
         help="workflows (another seed) the predictor is fitted on",
     )
-    p.add_argument("--hardware", default=d.hardware, help="hardware profile (default %(default)s)")
-    p.add_argument("--model", default=d.model, help="model profile (default %(default)s)")
-    p.add_argument("--block-size", type=_positive_int, default=d.block_size)
+    p.add_argument("--hardware", default=d.hardware, help="hardware profile")
+    p.add_argument("--model", default=d.model, help="model profile")
+    p.add_argument(
+        "--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block"
+    )
     p.add_argument("--horizon", type=_positive_int, default=d.horizon, help="score horizon K")
     p.add_argument("--gamma", type=float, default=d.gamma, help="score decay in (0, 1]")
 
@@ -137,6 +148,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="compare cache policies on one generated workload (virtual-time engine)",
         description="Serve the same workload under each policy through the actor system on the "
         "virtual-time engine and print one table (ratios vs lru).",
@@ -187,6 +199,11 @@ def _compare(config, console: Console):  # -> tuple[list[PolicyResult], int]
         results, gpu_tokens = compare_policies(
             config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
         )
+    if config.gpu_kv_tokens is not None and gpu_tokens < config.gpu_kv_tokens:
+        console.print(
+            f"[yellow]note:[/yellow] --gpu-kv-tokens {config.gpu_kv_tokens:,} exceeds the KV "
+            f"capacity of {config.hardware} x {config.model}; using {gpu_tokens:,}"
+        )
     console.print(comparison_table(results, _title(config, gpu_tokens)))
     return results, gpu_tokens
 
@@ -216,6 +233,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "sweep",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="sweep concurrency, score horizon K or prediction noise over one workload",
         description="Run the policies at each value of one parameter on the same workload; "
         "print a table, write JSON and a PNG plot.",
@@ -248,6 +266,8 @@ def _run_sweep(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = _config_from(args)
+    if "lru" not in config.policies:  # the baseline of the ratio columns
+        config = dataclasses.replace(config, policies=("lru", *config.policies))
     values = args.values or _SWEEP_DEFAULTS[args.parameter]
     with _progress(console) as progress:
         total = config.workflows * len(config.policies) * len(values)
@@ -265,6 +285,7 @@ def _run_sweep(args: argparse.Namespace, console: Console) -> int:
 def _add_trace_plot(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace-plot",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="plot GPU hit rate over time per policy (paper Fig. 6)",
         description="Run the policies on one workload and plot each one's GPU hit rate over "
         "simulated time as a PNG.",
@@ -289,6 +310,7 @@ def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="serve codegen and a slice of taubench on a real model (SmolLM2), lru vs pbkv",
         description="Run real generation with the torch engine (paged KV under the radix tree, "
         "host tier, prefetch) on cut-down workflows and print wall-clock comparison tables. "
@@ -297,9 +319,11 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
     p.add_argument("--apps", default="codegen,taubench", help="comma-separated apps")
     p.add_argument("--policies", type=_policies, default=("lru", "pbkv"))
-    p.add_argument("--workflows", type=_positive_int, default=4)
-    p.add_argument("--concurrency", type=_positive_int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workflows", type=_positive_int, default=4, help="workflows in the workload")
+    p.add_argument(
+        "--concurrency", type=_positive_int, default=4, help="workflows in flight at once"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed")
     p.set_defaults(run=_run_demo)
 
 
@@ -336,20 +360,34 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
-    trace = sub.add_parser("trace", help="generate or split workflow traces (JSONL)")
+    trace = sub.add_parser(
+        "trace",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="generate or split workflow traces (JSONL)",
+    )
     tsub = trace.add_subparsers(dest="trace_command", required=True)
-    gen = tsub.add_parser("generate", help="write an app's generated workflows as traces")
-    gen.add_argument("--app", required=True)
-    gen.add_argument("--workflows", type=_positive_int, default=1000)
-    gen.add_argument("--seed", type=int, default=0)
+    gen = tsub.add_parser(
+        "generate",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="write an app's generated workflows as traces",
+    )
+    gen.add_argument("--app", required=True, help="app name")
+    gen.add_argument(
+        "--workflows", type=_positive_int, default=1000, help="workflows in the workload"
+    )
+    gen.add_argument("--seed", type=int, default=0, help="random seed")
     gen.add_argument("--out", required=True, help="JSONL file to write")
     gen.set_defaults(run=_run_trace_generate)
-    split = tsub.add_parser("split", help="split a trace file into train and held-out files")
+    split = tsub.add_parser(
+        "split",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="split a trace file into train and held-out files",
+    )
     split.add_argument("traces")
-    split.add_argument("--train-out", required=True)
-    split.add_argument("--test-out", required=True)
-    split.add_argument("--test-fraction", type=float, default=0.25)
-    split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--train-out", required=True, help="where the training part goes (JSONL)")
+    split.add_argument("--test-out", required=True, help="where the held-out part goes (JSONL)")
+    split.add_argument("--test-fraction", type=float, default=0.25, help="share of tasks held out")
+    split.add_argument("--seed", type=int, default=0, help="random seed")
     split.add_argument(
         "--no-by-task",
         dest="by_task",
@@ -358,20 +396,28 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     )
     split.set_defaults(run=_run_trace_split)
 
-    train = sub.add_parser("train", help="train the GraphSAGE predictor on traces")
-    train.add_argument("--app", required=True)
+    train = sub.add_parser(
+        "train",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="train the GraphSAGE predictor on traces",
+    )
+    train.add_argument("--app", required=True, help="app name")
     train.add_argument("--traces", required=True, help="training traces (JSONL)")
     train.add_argument("--out", required=True, help="checkpoint folder")
-    train.add_argument("--epochs", type=_positive_int, default=30)
-    train.add_argument("--horizon", type=_positive_int, default=3)
+    train.add_argument("--epochs", type=_positive_int, default=30, help="training epochs")
+    train.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
     train.add_argument(
         "--text-encoder", default="smollm2", help="smollm2, minilm, hashing or none (no h_txt)"
     )
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0, help="random seed")
     train.set_defaults(run=_run_train)
 
-    ev = sub.add_parser("eval-predictor", help="top-1 accuracy per step and END Brier score")
-    ev.add_argument("--app", required=True)
+    ev = sub.add_parser(
+        "eval-predictor",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="top-1 accuracy per step and END Brier score",
+    )
+    ev.add_argument("--app", required=True, help="app name")
     ev.add_argument("--traces", required=True, help="held-out traces (JSONL)")
     ev.add_argument(
         "--predictors",
@@ -380,14 +426,18 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--train-traces", default=None, help="traces the Markov models are fitted on")
     ev.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
-    ev.add_argument("--horizon", type=_positive_int, default=3)
+    ev.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
     ev.set_defaults(run=_run_eval_predictor)
 
-    bp = sub.add_parser("bench-predictor", help="forecast latency for a batch of states")
-    bp.add_argument("--checkpoint", required=True)
-    bp.add_argument("--batch", type=_positive_int, default=1024)
-    bp.add_argument("--repeats", type=_positive_int, default=20)
-    bp.add_argument("--threads", type=_positive_int, default=1)
+    bp = sub.add_parser(
+        "bench-predictor",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="forecast latency for a batch of states",
+    )
+    bp.add_argument("--checkpoint", required=True, help="GraphSAGE checkpoint folder")
+    bp.add_argument("--batch", type=_positive_int, default=1024, help="states per forecast batch")
+    bp.add_argument("--repeats", type=_positive_int, default=20, help="timed repetitions")
+    bp.add_argument("--threads", type=_positive_int, default=1, help="torch threads")
     bp.set_defaults(run=_run_bench_predictor)
 
 
@@ -415,8 +465,20 @@ def _run_trace_split(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _check_app(app: str, traces: str) -> None:
+    """Fail early, by name, when ``traces`` were recorded for another app."""
+    from pbkv.predictor.trace import read_traces
+
+    apps = {r.app for r in read_traces(traces).records}
+    if apps and apps != {app}:
+        raise ValueError(f"{traces} holds traces of {', '.join(sorted(apps))}, not {app}")
+
+
 def _run_train(args: argparse.Namespace, console: Console) -> int:
     from pbkv.predictor.cli_commands import train
+
+    _check_app(args.app, args.traces)
+    _check_writable(str(Path(args.out) / "graphsage.json"))
 
     encoder = None if args.text_encoder == "none" else args.text_encoder
     console.print(
@@ -438,6 +500,12 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
     from pbkv.predictor.cli_commands import eval_predictor
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
+    learned = [n for n in names if n.startswith("graphsage")]
+    if learned and args.checkpoint is None and args.train_traces is None:
+        raise ValueError(
+            f"{learned[0]} needs --checkpoint (from pbkv train) or --train-traces to train one"
+        )
+    _check_app(args.app, args.traces)
     console.print(
         eval_predictor(
             args.app,

@@ -117,6 +117,9 @@ def simulated_requests_per_s(app: str = "codegen", workflows: int = 32) -> float
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m pbkv.bench.micro", description=__doc__).parse_args()
     rows: list[tuple[str, Callable[[], float], str]] = [
         ("actor tell throughput", tell_throughput, "msgs/s"),
         ("actor ask round trip", ask_round_trip_us, "µs"),

@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from pbkv.bench.compare import PolicyResult  # noqa: E402
 from pbkv.bench.report import ratio  # noqa: E402
@@ -36,6 +37,9 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path, title: str) -> No
         title="mean workflow latency speedup",
     )
     ax_speed.ticklabel_format(axis="y", useOffset=False)
+    if parameter != "noise":  # concurrency and K are whole numbers
+        for ax in (ax_hit, ax_speed):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (ax_hit, ax_speed):
         ax.grid(alpha=0.3)
         ax.legend()
