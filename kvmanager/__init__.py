@@ -12,6 +12,7 @@ from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.manager import Admission, AdmitRequest, BaselineInputs, KVConfig, KVManager
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import POLICIES, Policy, get_policy
+from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
 from pbkv.kvmanager.scoring import ScoreBoard, agent_weights
 from pbkv.kvmanager.stats import KVStatistics
@@ -35,6 +36,7 @@ __all__ = [
     "MatchResult",
     "Node",
     "Policy",
+    "Prefetcher",
     "RadixTree",
     "ScoreBoard",
     "agent_weights",

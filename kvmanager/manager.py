@@ -7,7 +7,6 @@ forecasts. Plain synchronous code: no trio, no torch.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
+from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
@@ -160,6 +160,14 @@ class KVManager:
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
+        self.prefetcher = Prefetcher(
+            self.tree,
+            self.policy,
+            self.scores,
+            self.kvflow,
+            bytes_per_block=config.bytes_per_block,
+            bandwidth_bytes_per_s=config.bandwidth_bytes_per_s,
+        )
 
     def _attach_tracker(self, inputs: BaselineInputs) -> None:
         if self.policy.tracker == "kvflow":
@@ -409,78 +417,16 @@ class KVManager:
     # -- prefetch (§5.4) ------------------------------------------------------------
 
     def plan_prefetch(self, step_s: float) -> list[LoadTransfer]:
-        """Start the policy's prefetches that fit in this decode step's idle resources.
-
-        ``conservative`` (§5.4): budget ``S = min(S_a, S_bw)``: ``S_a`` is free GPU space
-        plus retired cache (the only cache it may displace), ``S_bw`` the blocks the host
-        link moves in ``step_s``; candidates are host-only nodes below the GPU frontier,
-        best next-step value first (the k=1 term of the score). ``aggressive`` may also
-        displace active cache that the policy ranks below the candidate. ``next-fixed``
-        (KVFlow) loads the fixed prefixes of agents one step from running, displacing
-        only what its own order ranks below them. Call only in pure-decode steps.
+        """Start the policy's prefetches for this pure-decode step (see :class:`Prefetcher`).
 
         Returns:
             The loads started (each holds leases until :meth:`complete_load`).
 
-        Mutates: the tree (retired evictions, loads), statistics.
+        Mutates: the tree (evictions the mode allows, loads), statistics.
         """
-        if self.policy.prefetch == "none" or self.config.bytes_per_block <= 0:
-            return []
-        budget = int(self.config.bandwidth_bytes_per_s * step_s / self.config.bytes_per_block)
-        if budget <= 0:
-            return []
-        loads: list[LoadTransfer] = []
-        values = ((self._prefetch_value(n), n) for n in self._prefetch_frontier())
-        heap = [(-v, n.serial, n) for v, n in values if v > 0]
-        heapq.heapify(heap)
-        while heap and budget > 0:
-            _, _, node = heapq.heappop(heap)
-            if not node.on_host or node.on_gpu or node.loading:
-                continue  # dropped or loaded while room was made for an earlier candidate
-            if node.num_blocks > budget:
-                node = self.tree.split(node, budget)
-            if not self._make_prefetch_room(node):
-                break
-            loads.append(self.tree.begin_load([node], prefetch=True))
-            budget -= node.num_blocks
-            self._counters.prefetch_issued_blocks += node.num_blocks
-            for child in node.children.values():
-                if child.on_host and not child.on_gpu and not child.loading:
-                    v = self._prefetch_value(child)
-                    if v > 0:
-                        heapq.heappush(heap, (-v, child.serial, child))
+        loads = self.prefetcher.plan(step_s)
+        self._counters.prefetch_issued_blocks += sum(load.num_blocks for load in loads)
         return loads
-
-    def _prefetch_value(self, node: Node) -> float:
-        if self.kvflow is not None:
-            return 1.0 if node.fixed_agents & self.kvflow.next_step_agents() else 0.0
-        return self.scores.next_step_value(node)
-
-    def _prefetch_frontier(self) -> set[Node]:
-        if self.kvflow is not None:
-            pool = {n for a in self.kvflow.next_step_agents() for n in self.kvflow.fixed_nodes(a)}
-        else:
-            pool = {n for w in self.scores.active_workflows for n in self.scores.nodes_of(w)}
-        frontier: set[Node] = set()
-        for node in pool:
-            parent = node.parent
-            parent_ready = parent is None or parent.is_root or parent.on_gpu
-            if node.on_host and not node.on_gpu and not node.loading and parent_ready:
-                frontier.add(node)
-        return frontier
-
-    def _make_prefetch_room(self, node: Node) -> bool:
-        short = node.num_blocks - self.tree.gpu.num_free
-        if short > 0:
-            # Lease the candidate: demoting retired cache may need host room, and must not
-            # take it by dropping the very host copy about to be loaded.
-            lease = self.tree.lock(node)
-            if self.policy.prefetch == "conservative":
-                self.tree.evict("gpu", short, retired_only=True)
-            else:
-                self.tree.evict("gpu", short, below=self.policy.priority(node))
-            self.tree.unlock(lease)
-        return self.tree.can_allocate("gpu", node.num_blocks)
 
     # -- lifecycle (from the KV-manager actor) ---------------------------------------
 
