@@ -28,13 +28,15 @@ class WorkflowStarted(Event, frozen=True, tag=True):
 
 
 class AgentInvoked(Event, frozen=True, tag=True):
-    """``prompt_segments``: token count of each prompt segment (preamble, role, context)."""
+    """``prompt_segments``: token count of each prompt segment (preamble, role, context);
+    ``context_tail``: the newest text in the context (what this agent reacts to)."""
 
     workflow_id: str
     step: int
     agent: str
     prompt_segments: list[int]
     at_s: float = 0.0
+    context_tail: str = ""
 
 
 class PrefillDone(Event, frozen=True, tag=True):
@@ -109,3 +111,4 @@ class ForecastRequest(msgspec.Struct, frozen=True, tag=True):
     task_text: str = ""
     hidden: Any = None
     reply: Any = None
+    context_tail: str = ""

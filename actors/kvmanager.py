@@ -35,6 +35,7 @@ class _WorkflowView:
     task_text: str
     path: list[str] = field(default_factory=list)
     step: int = -1
+    context_tail: str = ""
 
 
 class KVManagerActor(Actor):
@@ -79,8 +80,9 @@ class KVManagerActor(Actor):
             case WorkflowStarted(workflow_id=w, app=app, task_text=text):
                 self._workflows[w] = _WorkflowView(app, text)
                 self.kv.on_workflow_started(w)
-            case AgentInvoked(workflow_id=w, step=step, agent=agent):
+            case AgentInvoked(workflow_id=w, step=step, agent=agent, context_tail=tail):
                 view = self._workflows[w]
+                view.context_tail = tail
                 if step != view.step:  # a retry repeats its step: the path has it already
                     view.path.append(agent)
                 view.step = step
@@ -103,7 +105,9 @@ class KVManagerActor(Actor):
             return
         request_step = view.step
         send, receive = trio.open_memory_channel[np.ndarray | None](1)
-        request = ForecastRequest(w, view.app, tuple(view.path), view.task_text, hidden, send)
+        request = ForecastRequest(
+            w, view.app, tuple(view.path), view.task_text, hidden, send, view.context_tail
+        )
         self._nursery.start_soon(self._await_forecast, w, request_step, request, receive)
 
     async def _await_forecast(

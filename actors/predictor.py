@@ -140,7 +140,10 @@ class PredictorActor(Actor):
 
     def _forecast(self, batch: list[ForecastRequest]) -> list[np.ndarray | None]:
         """Run the chain on ``batch``; may run in a worker thread (touches only counters)."""
-        states = [WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden) for r in batch]
+        states = [
+            WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail)
+            for r in batch
+        ]
         for i, forecaster in enumerate(self.chain):
             try:
                 forecasts = np.asarray(forecaster.forecast(states))

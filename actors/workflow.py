@@ -110,7 +110,9 @@ class WorkflowActor(Actor):
             await trio.sleep(spec.gap_s)
         wf_id = self.workflow.workflow_id
         segments = [len(s.token_ids) for s in spec.segments]
-        await self.kv_manager.tell(AgentInvoked(wf_id, step, spec.agent, segments, now_s()))
+        await self.kv_manager.tell(
+            AgentInvoked(wf_id, step, spec.agent, segments, now_s(), spec.context_tail)
+        )
         await self.agents[spec.agent].tell(
             Invoke(
                 wf_id,

@@ -40,12 +40,15 @@ class Step:
         segments: the prompt, in order; ``prompt_token_ids`` is their concatenation.
         output_token_ids: the tokens the agent generates (their count is the decode length).
         gap_s: tool/think time before this invocation is issued, in seconds.
+        context_tail: the text of the latest message(s) of the context, or ``""`` when
+            the app records none (a per-step text signal for predictors).
     """
 
     agent: str
     segments: tuple[Segment, ...]
     output_token_ids: tuple[int, ...]
     gap_s: float = 0.0
+    context_tail: str = ""
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
@@ -107,6 +110,7 @@ class Workflow:
                     segments=[SegmentCount(g.kind, len(g.token_ids)) for g in s.segments],
                     output_tokens=s.output_tokens,
                     gap_s=s.gap_s,
+                    context_tail=s.context_tail,
                 )
                 for s in self.steps
             ],

@@ -16,6 +16,11 @@ are its LLM calls, in order:
   (``info.task.instruction``), the agent's greeting, then the conversation with roles
   flipped (the simulator's own messages are ``assistant`` turns; it sees the agent's text
   but neither tool calls nor tool results).
+
+Each step's ``context_tail`` is the text of the messages its context gained since the
+same side's previous call (``role: content`` lines, the last :data:`TAIL_CHARS`
+characters): for ``agent``, the user's message or the tool results; for ``user``, the
+agent's message.
 - ``tool`` messages are not LLM calls: each adds :data:`TOOL_LATENCY_S` to the ``gap_s``
   of the next step and its text enters the agent's context.
 
@@ -49,6 +54,8 @@ AGENTS = ("agent", "user")
 DATA_FILE = Path("taubench") / "gpt-4o-airline.json"
 TOOL_LATENCY_S = 0.5
 """Latency of one tool call (a database lookup or update in τ-bench's airline domain)."""
+TAIL_CHARS = 1500
+"""A step's ``context_tail`` keeps at most this many of the latest characters."""
 
 _ROLES = ("system", "user", "assistant", "tool")
 GREETING = "Hi! How can I help you today?"
@@ -246,6 +253,16 @@ def _assistant_body(message: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _tail(messages: list[str]) -> str:
+    """Return the last :data:`TAIL_CHARS` characters of ``messages`` and empty the list.
+
+    Mutates: ``messages`` is cleared (the next call starts a new tail).
+    """
+    text = "\n".join(messages)[-TAIL_CHARS:]
+    messages.clear()
+    return text
+
+
 def _episode(
     raw: dict[str, Any],
     ids: Callable[[str], tuple[int, ...]],
@@ -261,6 +278,7 @@ def _episode(
     agent_view = list(ids(render_message("user", opener)))
     user_view = list(ids(render_message("system", f"# Your instruction\n{instruction}")))
     user_view += ids(render_message("user", GREETING)) + start + ids(opener) + close
+    agent_new, user_new = [f"user: {opener}"], []  # messages since each side's last call
     steps: list[Step] = []
     tools_since_last_call = 0
     for message in traj[2:]:
@@ -269,21 +287,26 @@ def _episode(
         if role == "tool":
             tools_since_last_call += 1
             agent_view += ids(render_message("tool", content))
+            agent_new.append(f"tool: {content}")
             continue
         tools_since_last_call = 0
         if role == "assistant":
             output = ids(_assistant_body(message)) + close
             context = Segment("context", tuple(agent_view) + start)
-            steps.append(Step("agent", (policy, tools, context), output, gap_s))
+            tail = _tail(agent_new)
+            steps.append(Step("agent", (policy, tools, context), output, gap_s, tail))
             agent_view += start + output
             if content:
                 user_view += ids(render_message("user", content))
+                user_new.append(f"agent: {content}")
         else:
             output = ids(content) + close
             context = Segment("context", tuple(user_view) + start)
-            steps.append(Step("user", (no_preamble, guide, context), output, gap_s))
+            tail = _tail(user_new)
+            steps.append(Step("user", (no_preamble, guide, context), output, gap_s, tail))
             user_view += start + output
             agent_view += ids(render_message("user", content))
+            agent_new.append(f"user: {content}")
     return Episode(
         task_id=f"{raw['task_id']}-{raw.get('trial', 0)}",
         opener=opener,

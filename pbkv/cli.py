@@ -409,6 +409,12 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     train.add_argument(
         "--text-encoder", default="smollm2", help="smollm2, minilm, hashing or none (no h_txt)"
     )
+    train.add_argument(
+        "--text-source",
+        choices=("task", "step"),
+        default="task",
+        help="embed the task text, or each step's newest context text (falls back to the task)",
+    )
     train.add_argument("--seed", type=int, default=0, help="random seed")
     train.set_defaults(run=_run_train)
 
@@ -489,6 +495,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
             epochs=args.epochs,
             horizon=args.horizon,
             text_encoder=encoder,
+            text_source=args.text_source,
             seed=args.seed,
             console=console,
         )

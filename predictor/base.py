@@ -29,6 +29,8 @@ class WorkflowState:
         task_text: the task as the agents see it.
         hidden: the engine's post-norm hidden state of the last prefill token, shape
             ``(d_model,)``, or ``None`` when the engine gives none.
+        context_tail: the text of the latest message(s) of the current step's prompt, or
+            ``""`` when unknown.
     """
 
     workflow_id: str
@@ -36,6 +38,7 @@ class WorkflowState:
     path: tuple[str, ...]
     task_text: str = ""
     hidden: np.ndarray | None = None
+    context_tail: str = ""
 
 
 @runtime_checkable

@@ -41,6 +41,10 @@ class CheckpointInfo:
         edges: the call graph's ``(source, target)`` edges, ``END`` targets included.
         config: the model sizes.
         text_encoder: registry name of the text encoder used in training, or ``None``.
+        text_source: what the encoder embedded per state: ``task`` (the task text) or
+            ``step`` (the step's context tail, else the task text); see
+            :func:`~pbkv.predictor.dataset.state_text`. Absent from older sidecars
+            (``task``).
         training: free-form facts about the fit (traces, epochs, losses, seconds).
     """
 
@@ -50,6 +54,7 @@ class CheckpointInfo:
     config: GraphSageConfig
     text_encoder: str | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    text_source: str = "task"
 
     @property
     def graph(self) -> CallGraph:
@@ -83,6 +88,7 @@ def save_checkpoint(
         "config": info.config.to_dict(),
         "agent_statistics": list(AGENT_STATISTICS),
         "text_encoder": info.text_encoder,
+        "text_source": info.text_source,
         "parameters": model.parameter_count(),
         "training": info.training,
     }
@@ -150,6 +156,7 @@ def _read_sidecar(path: Path) -> CheckpointInfo:
             config=config,
             text_encoder=raw.get("text_encoder"),
             training=dict(raw.get("training") or {}),
+            text_source=str(raw.get("text_source", "task")),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: bad field: {exc}") from exc

@@ -78,6 +78,7 @@ def train(
     epochs: int = 30,
     horizon: int = 3,
     text_encoder: str | None = DEFAULT_TEXT_ENCODER,
+    text_source: str = "task",
     seed: int = 0,
     batch_size: int = 256,
     learning_rate: float = 2e-3,
@@ -92,18 +93,24 @@ def train(
         out: checkpoint folder (``graphsage.safetensors`` + ``graphsage.json``).
         epochs / batch_size / learning_rate / val_fraction / seed: fit settings.
         horizon: ``K``.
-        text_encoder: task-text encoder name, or ``None`` to train without ``h_txt``.
+        text_encoder: text encoder name, or ``None`` to train without ``h_txt``.
+        text_source: what the encoder embeds per state: ``task`` (the task text) or
+            ``step`` (each step's ``context_tail``, else the task text); kept in the
+            sidecar so the forecaster embeds the same way.
         console: where the progress bar is drawn (default: stderr).
 
     Returns:
         A summary table (traces, examples, parameters, best epoch, losses, seconds).
 
     Raises:
-        ValueError: unknown app or encoder, or traces that leave the app's call graph.
+        ValueError: unknown app, encoder or text source, or traces that leave the app's
+            call graph.
     """
     from pbkv.examples import get_app
     from pbkv.predictor.checkpoint import CheckpointInfo, save_checkpoint
+    from pbkv.predictor.dataset import TEXT_SOURCES
     from pbkv.predictor.graphsage import GraphSageConfig
+    from pbkv.predictor.graphsage_forecaster import text_inputs
     from pbkv.predictor.text import make_text_encoder
     from pbkv.predictor.train import EpochReport, TrainConfig, fit_graphsage
 
@@ -111,12 +118,15 @@ def train(
     graph = CallGraph(spec.agents, spec.edges)
     records = [r for r in _read(traces) if r.steps]
     console = console or Console(stderr=True)
-    vectors, encode_s = None, 0.0
+    if text_source not in TEXT_SOURCES:
+        raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
+    inputs, encode_s = {}, 0.0
     if text_encoder:
         encoder = make_text_encoder(text_encoder)
         started = time.perf_counter()
-        with console.status(f"embedding task texts with {text_encoder} (cached per text)"):
-            vectors = encoder.encode([r.task_text for r in records])
+        what = "task texts" if text_source == "task" else "step texts"
+        with console.status(f"embedding {what} with {text_encoder} (cached per text)"):
+            inputs = text_inputs(encoder, records, text_source)  # type: ignore[arg-type]
         encode_s = time.perf_counter() - started
     settings = TrainConfig(
         epochs=epochs,
@@ -137,7 +147,7 @@ def train(
             graph,
             config=GraphSageConfig(horizon=horizon),
             train=settings,
-            text_vectors=vectors,
+            **inputs,
             on_epoch=on_epoch,
         )
     best = result.history[result.best_epoch - 1]
@@ -154,7 +164,13 @@ def train(
         "seed": seed,
     }
     info = CheckpointInfo(
-        app, spec.agents, tuple(spec.edges), result.model.config, text_encoder, facts
+        app,
+        spec.agents,
+        tuple(spec.edges),
+        result.model.config,
+        text_encoder,
+        facts,
+        text_source=text_source if text_encoder else "task",
     )
     save_checkpoint(out, result.model, info)
     table = Table(title=f"graphsage checkpoint {out}")
@@ -162,6 +178,7 @@ def train(
     table.add_column("value", justify="right")
     table.add_row("parameters", f"{result.model.parameter_count():,}")
     table.add_row("text encoder", text_encoder or "none")
+    table.add_row("text source", info.text_source)
     for key, value in facts.items():
         table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     return table

@@ -1,19 +1,55 @@
 """Traces → supervised examples for the GraphSAGE forecaster (§6).
 
-Every prefix of every trace is one example: its encoded path, its task-text vector and
-its ``K`` conditional labels (:func:`~pbkv.predictor.features.step_labels`).
+Every prefix of every trace is one example: its encoded path, its text vector and its
+``K`` conditional labels (:func:`~pbkv.predictor.features.step_labels`). The text of a
+prefix is chosen by :func:`state_text`: with the ``task`` source always the task text;
+with the ``step`` source the current step's ``context_tail`` when the trace has one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from pbkv.predictor.features import EncodedPaths, encode_paths, step_labels
 from pbkv.predictor.trace import TraceRecord
 from pbkv.predictor.vocab import agent_index
+
+if TYPE_CHECKING:
+    from pbkv.predictor.text import TextEncoder
+
+TextSource = Literal["task", "step"]
+"""Where a state's text comes from: the task text only, or the current step's context
+tail (falling back to the task text)."""
+TEXT_SOURCES: tuple[TextSource, ...] = ("task", "step")
+
+
+def state_text(task_text: str, context_tail: str, source: TextSource) -> str:
+    """Return the text embedded for one workflow state (``""``: none, ``h_txt`` = 0).
+
+    Args:
+        task_text: the workflow's task text.
+        context_tail: the current step's latest message(s), or ``""``.
+        source: ``step`` prefers ``context_tail``; ``task`` ignores it.
+
+    Raises:
+        ValueError: an unknown ``source``.
+    """
+    if source not in TEXT_SOURCES:
+        raise ValueError(f"text source must be one of {TEXT_SOURCES}, got {source!r}")
+    return context_tail if source == "step" and context_tail else task_text
+
+
+def example_texts(records: Sequence[TraceRecord], source: TextSource) -> list[str]:
+    """Return the text of every example :func:`build_examples` makes, in its order."""
+    return [
+        state_text(record.task_text, step.context_tail, source)
+        for record in records
+        for step in record.steps
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +74,23 @@ class Examples:
         return len(self.labels)
 
 
+def embed_texts(encoder: TextEncoder, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Embed ``texts``, each distinct non-empty text once; ``""`` gets zeros.
+
+    Returns:
+        ``(vectors (N, D) float32, present (N,) bool)``.
+    """
+    unique = list(dict.fromkeys(t for t in texts if t))
+    vectors = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    present = np.array([bool(t) for t in texts], dtype=bool)
+    if unique:
+        table = dict(zip(unique, encoder.encode(unique), strict=True))
+        for row, text in enumerate(texts):
+            if text:
+                vectors[row] = table[text]
+    return vectors, present
+
+
 def build_examples(
     records: Sequence[TraceRecord],
     agents: Sequence[str],
@@ -46,6 +99,8 @@ def build_examples(
     max_prefix: int,
     max_positions: int,
     text_vectors: np.ndarray | None = None,
+    example_text_vectors: np.ndarray | None = None,
+    example_has_text: np.ndarray | None = None,
 ) -> Examples:
     """Turn traces into examples (empty traces contribute none).
 
@@ -57,12 +112,18 @@ def build_examples(
         max_positions: step indices are clipped below this.
         text_vectors: one vector per record, shape ``(len(records), D)``, or ``None``
             for no text (``D = 0``).
+        example_text_vectors: instead of ``text_vectors``, one vector per example (per
+            step of every record, in order; see :func:`example_texts`).
+        example_has_text: with ``example_text_vectors``, which examples have a text
+            (default all).
 
     Raises:
-        ValueError: a trace names an unknown agent, or ``text_vectors`` has the wrong
-            number of rows.
+        ValueError: a trace names an unknown agent, a vector array has the wrong number
+            of rows, or both kinds of vectors are given.
     """
     index = agent_index(agents)
+    if text_vectors is not None and example_text_vectors is not None:
+        raise ValueError("give text_vectors or example_text_vectors, not both")
     if text_vectors is not None and len(text_vectors) != len(records):
         raise ValueError(f"text_vectors has {len(text_vectors)} rows for {len(records)} records")
     paths: list[tuple[str, ...]] = []
@@ -77,12 +138,22 @@ def build_examples(
         owners += [row] * len(path)
     trace = np.asarray(owners, dtype=np.int64)
     encoded = encode_paths(index, paths, max_prefix=max_prefix, max_positions=max_positions)
-    if text_vectors is None:
+    has_text = np.full(len(trace), text_vectors is not None)
+    if example_text_vectors is not None:
+        text = np.asarray(example_text_vectors, dtype=np.float32)
+        if len(text) != len(trace):
+            raise ValueError(f"example_text_vectors has {len(text)} rows for {len(trace)} examples")
+        has_text = (
+            np.ones(len(trace), dtype=bool)
+            if example_has_text is None
+            else np.asarray(example_has_text, dtype=bool).reshape(len(trace))
+        )
+    elif text_vectors is None:
         text = np.zeros((len(trace), 0), dtype=np.float32)
     else:
         text = np.asarray(text_vectors, dtype=np.float32)[trace]
     stacked = np.concatenate(labels) if labels else np.zeros((0, horizon), dtype=np.int64)
-    return Examples(encoded, stacked, text, np.full(len(trace), text_vectors is not None), trace)
+    return Examples(encoded, stacked, text, has_text, trace)
 
 
 def task_group(record: TraceRecord) -> str:

@@ -47,7 +47,13 @@ def top1_accuracy(
             continue
         check_path(columns, path)
         states = [
-            WorkflowState(record.task_id, record.app, path[:t], record.task_text)
+            WorkflowState(
+                record.task_id,
+                record.app,
+                path[:t],
+                record.task_text,
+                context_tail=record.steps[t - 1].context_tail,
+            )
             for t in range(1, len(path) + 1)
         ]
         predicted = forecaster.forecast(states)[:, :horizon].argmax(axis=-1)

@@ -3,8 +3,10 @@ interface (§6).
 
 Every state of a call goes through the model in one forward pass. A state's text
 vector is its ``hidden`` (the engine's last-prefill hidden state) when given; otherwise,
-with a text encoder, the embedding of its ``task_text`` (cached per text); otherwise
-none, and ``h_txt`` is zero.
+with a text encoder, the embedding (cached per text) of its text as
+:func:`~pbkv.predictor.dataset.state_text` picks it for the model's text source: the
+``task_text``, or with the ``step`` source the state's ``context_tail`` when it has one;
+otherwise none, and ``h_txt`` is zero.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from pbkv.predictor.base import WorkflowState
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.checkpoint import load_checkpoint
+from pbkv.predictor.dataset import TEXT_SOURCES, TextSource, embed_texts, example_texts, state_text
 from pbkv.predictor.features import encode_paths
 from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
 from pbkv.predictor.text import TextEncoder, make_text_encoder
@@ -36,9 +39,13 @@ class GraphSageForecaster:
         text_encoder: embeds ``task_text`` for states without ``hidden``; its ``dim`` must
             be the model's ``text_dim``. Ignored by a model without text input.
         use_text: ``False`` withholds every text vector (``h_txt`` = 0), for ablations.
+        text_source: what the encoder embeds per state, as the model was trained:
+            ``task`` (the task text) or ``step`` (the state's ``context_tail``, else the
+            task text).
 
     Raises:
-        ValueError: agents or encoder that do not fit the model, or a bad ``horizon``.
+        ValueError: agents or encoder that do not fit the model, a bad ``horizon`` or an
+            unknown ``text_source``.
     """
 
     name = "graphsage"
@@ -51,7 +58,11 @@ class GraphSageForecaster:
         horizon: int | None = None,
         text_encoder: TextEncoder | None = None,
         use_text: bool = True,
+        text_source: TextSource = "task",
     ) -> None:
+        if text_source not in TEXT_SOURCES:
+            raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
+        self.text_source: TextSource = text_source
         self.agents: tuple[str, ...] = tuple(agents)
         self._index = agent_index(self.agents)
         if len(self.agents) != model.agent_stats.shape[0]:
@@ -103,13 +114,22 @@ class GraphSageForecaster:
             encoder = make_text_encoder(text_encoder)
         else:
             encoder = text_encoder
-        return cls(model, info.agents, horizon=horizon, text_encoder=encoder, use_text=use_text)
+        source: TextSource = "step" if info.text_source == "step" else "task"
+        return cls(
+            model,
+            info.agents,
+            horizon=horizon,
+            text_encoder=encoder,
+            use_text=use_text,
+            text_source=source,
+        )
 
     def forecast(self, states: Sequence[WorkflowState]) -> np.ndarray:
         """Forecast the next ``K`` steps of each workflow in one forward pass.
 
         Args:
-            states: one per workflow; ``path``, and ``hidden`` or ``task_text``, are used.
+            states: one per workflow; ``path``, and ``hidden`` or the text (``task_text``,
+                ``context_tail``), are used.
 
         Returns:
             float64 array, shape ``(len(states), K, |V|+1)``; each row sums to 1.
@@ -155,8 +175,10 @@ class GraphSageForecaster:
                         f"the model takes {dim}"
                     )
                 text[row], has_text[row] = hidden, True
-            elif self.text_encoder is not None and state.task_text:
-                to_encode.setdefault(state.task_text, []).append(row)
+            elif self.text_encoder is not None:
+                chosen = state_text(state.task_text, state.context_tail, self.text_source)
+                if chosen:
+                    to_encode.setdefault(chosen, []).append(row)
         if to_encode and self.text_encoder is not None:
             vectors = self.text_encoder.encode(list(to_encode))
             for vector, rows in zip(vectors, to_encode.values(), strict=True):
@@ -172,6 +194,7 @@ def build_graphsage(
     graph: CallGraph | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
     text_encoder: str | None = None,
+    text_source: TextSource = "task",
     train: TrainConfig = TrainConfig(),  # noqa: B008 - frozen, never mutated
 ) -> GraphSageForecaster:
     """Load a ``graphsage`` forecaster from ``checkpoint``, or train one on ``traces``.
@@ -184,6 +207,8 @@ def build_graphsage(
         checkpoint: a checkpoint folder.
         text_encoder: task-text encoder name; ``None`` means none when training and the
             sidecar's encoder when loading.
+        text_source: what the encoder embeds per state when training here (``task`` or
+            ``step``; a checkpoint's sidecar says its own).
         train: fit settings when training here.
 
     Raises:
@@ -206,11 +231,31 @@ def build_graphsage(
         raise ValueError("forecaster 'graphsage' needs checkpoint= or non-empty traces=")
     graph = _in_order(graph, agents) if graph else CallGraph.from_traces(records, agents)
     encoder = make_text_encoder(text_encoder) if text_encoder else None
-    vectors = encoder.encode([r.task_text for r in records]) if encoder else None
     result = fit_graphsage(
-        records, graph, config=GraphSageConfig(horizon=horizon), train=train, text_vectors=vectors
+        records,
+        graph,
+        config=GraphSageConfig(horizon=horizon),
+        train=train,
+        **text_inputs(encoder, records, text_source),
     )
-    return GraphSageForecaster(result.model, agents, text_encoder=encoder)
+    return GraphSageForecaster(result.model, agents, text_encoder=encoder, text_source=text_source)
+
+
+def text_inputs(
+    encoder: TextEncoder | None, records: Sequence[TraceRecord], source: TextSource
+) -> dict[str, np.ndarray | None]:
+    """Return the text keyword arguments of :func:`~pbkv.predictor.train.fit_graphsage`.
+
+    No encoder: none. Source ``task``: one task-text vector per record (as before per-step
+    text existed). Source ``step``: one vector per step, of the text
+    :func:`~pbkv.predictor.dataset.state_text` picks (steps with no text have none).
+    """
+    if encoder is None:
+        return {}
+    if source == "task":
+        return {"text_vectors": encoder.encode([r.task_text for r in records])}
+    vectors, present = embed_texts(encoder, example_texts(records, source))
+    return {"example_text_vectors": vectors, "example_has_text": present}
 
 
 def _in_order(graph: CallGraph, agents: tuple[str, ...]) -> CallGraph:

@@ -74,7 +74,13 @@ def score_forecaster(
             continue
         check_path(index, path)
         states += [
-            WorkflowState(record.task_id, record.app, path[:t], record.task_text)
+            WorkflowState(
+                record.task_id,
+                record.app,
+                path[:t],
+                record.task_text,
+                context_tail=record.steps[t - 1].context_tail,
+            )
             for t in range(1, len(path) + 1)
         ]
         labels.append(step_labels(index, path, horizon))

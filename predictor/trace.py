@@ -32,12 +32,18 @@ class SegmentCount(msgspec.Struct, frozen=True, array_like=True):
 
 
 class TraceStep(msgspec.Struct, frozen=True):
-    """One agent invocation: who ran, how long its prompt and output were, the gap before it."""
+    """One agent invocation: who ran, how long its prompt and output were, the gap before it.
+
+    ``context_tail`` is the text of the latest message(s) of the step's context (what the
+    engine's last-prefill hidden state mostly reflects), or ``""`` when the app records
+    none. Added after version 1 shipped, at the end with a default: older lines decode.
+    """
 
     agent: Annotated[str, msgspec.Meta(min_length=1)]
     segments: list[SegmentCount]
     output_tokens: Annotated[int, msgspec.Meta(ge=0)]
     gap_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    context_tail: str = ""
 
 
 class TraceRecord(msgspec.Struct, frozen=True):

@@ -109,6 +109,8 @@ def fit_graphsage(
     config: GraphSageConfig = GraphSageConfig(),  # noqa: B008 - frozen, never mutated
     train: TrainConfig = TrainConfig(),  # noqa: B008 - frozen, never mutated
     text_vectors: np.ndarray | None = None,
+    example_text_vectors: np.ndarray | None = None,
+    example_has_text: np.ndarray | None = None,
     on_epoch: Callable[[EpochReport], None] | None = None,
 ) -> TrainResult:
     """Train a GraphSAGE forecaster on ``records``.
@@ -120,6 +122,9 @@ def fit_graphsage(
         train: optimiser settings.
         text_vectors: one task-text vector per record, shape ``(len(records), D)``, or
             ``None`` to train without ``h_txt``.
+        example_text_vectors: instead, one vector per step of every record, in order
+            (per-step text; see :func:`~pbkv.predictor.dataset.example_texts`).
+        example_has_text: with ``example_text_vectors``, which steps have a text.
         on_epoch: called after every epoch.
 
     Raises:
@@ -129,7 +134,8 @@ def fit_graphsage(
     for record in records:
         if record.steps:
             graph.validate_path(record.agents)
-    text_dim = 0 if text_vectors is None else int(text_vectors.shape[1])
+    vectors = text_vectors if example_text_vectors is None else example_text_vectors
+    text_dim = 0 if vectors is None else int(vectors.shape[1])
     config = replace(config, text_dim=text_dim)
     torch.manual_seed(train.seed)
     rng = np.random.default_rng(train.seed)
@@ -141,6 +147,8 @@ def fit_graphsage(
         max_prefix=config.max_prefix,
         max_positions=config.max_positions,
         text_vectors=text_vectors,
+        example_text_vectors=example_text_vectors,
+        example_has_text=example_has_text,
     )
     if len(examples) == 0:
         raise ValueError("no trace has a step to learn from")

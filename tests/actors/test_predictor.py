@@ -148,3 +148,23 @@ async def test_a_requester_that_left_does_not_stop_the_actor(autojump_clock):
 def test_an_empty_chain_is_refused():
     with pytest.raises(ValueError, match="at least one forecaster"):
         PredictorActor([])
+
+
+async def test_the_step_text_reaches_the_model(autojump_clock):
+    seen = []
+
+    class Recording(Counting):
+        def forecast(self, states):
+            seen.extend((s.task_text, s.context_tail) for s in states)
+            return super().forecast(states)
+
+    actor = PredictorActor([Recording()])
+    async with open_actor_system() as system:
+        await system.spawn(actor, name="predictor")
+        send, receive = trio.open_memory_channel(1)
+        request = ForecastRequest(
+            "w1", "demo", ("planner",), "task", reply=send, context_tail="user: please rebook"
+        )
+        await actor.ref.tell(request)
+        await receive.receive()
+    assert seen == [("task", "user: please rebook")]

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from pbkv.examples import TOOL_LATENCY_S, TauBenchApp, decode, encode, find_data_dir
-from pbkv.examples.taubench import DATA_FILE
+from pbkv.examples.taubench import DATA_FILE, TAIL_CHARS
 
 # Measured in shared/data/README.md: LLM calls of the agent per episode, median 11, max 30.
 README_AGENT_CALLS_MEDIAN = 11
@@ -116,3 +116,19 @@ def test_malformed_episode_names_the_file_and_field(tmp_path):
     path.write_text(json.dumps([episode]))
     with pytest.raises(ValueError, match=r"traj\[0\]\.role is 'user', expected 'system'"):
         TauBenchApp(tmp_path).generate(1, 0)
+
+
+def test_context_tail_is_the_latest_messages_before_each_call(workflows, raw):
+    by_id = {f"{e['task_id']}-{e['trial']}": e for e in raw}
+    workflow = workflows[0]
+    traj = by_id[workflow.task_id]["traj"]
+    first, second = workflow.steps[0], workflow.steps[1]
+    assert first.context_tail.startswith(f"user: {traj[1]['content']}"[:TAIL_CHARS])
+    assert all(s.context_tail for s in workflow.steps)
+    assert all(len(s.context_tail) <= TAIL_CHARS for w in workflows for s in w.steps)
+    # the user simulator's tail is the agent's latest message
+    user_steps = [s for s in workflow.steps if s.agent == "user"]
+    assert all(s.context_tail.startswith("agent: ") for s in user_steps)
+    trace = workflow.to_trace()
+    assert [s.context_tail for s in trace.steps] == [s.context_tail for s in workflow.steps]
+    assert second.context_tail != first.context_tail

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -213,3 +214,49 @@ def test_single_query_attention_equals_multihead_attention():
     expected, _ = model.attention(query[:, None], keys, keys, key_padding_mask=padding)
     with torch.no_grad():
         torch.testing.assert_close(model.attend(query, keys, padding), expected[:, 0])
+
+
+def test_step_text_source_embeds_the_context_tail_over_the_task_text(make_record, tmp_path):
+    from pbkv.predictor.graphsage_forecaster import text_inputs
+
+    traces = [
+        msgspec.structs.replace(
+            r,
+            steps=[
+                msgspec.structs.replace(s, context_tail=f"tail {i}" if i % 2 else "")
+                for i, s in enumerate(r.steps)
+            ],
+        )
+        for r in cycle_traces(make_record, 4)
+    ]
+    encoder = HashingEncoder(8)
+    inputs = text_inputs(encoder, traces, "step")
+    assert inputs["example_text_vectors"].shape == (32, 8)
+    np.testing.assert_array_equal(inputs["example_text_vectors"][1], encoder.encode(["tail 1"])[0])
+    np.testing.assert_array_equal(inputs["example_text_vectors"][0], encoder.encode(["do it"])[0])
+    result = fit_graphsage(
+        traces, CYCLE, config=TINY, train=TrainConfig(epochs=1, val_fraction=0.0), **inputs
+    )
+    step = GraphSageForecaster(result.model, AGENTS, text_encoder=encoder, text_source="step")
+    task = GraphSageForecaster(result.model, AGENTS, text_encoder=encoder, text_source="task")
+    states = [
+        WorkflowState("w0", "demo", ("A",), "do it", context_tail="user: yes please"),
+        WorkflowState("w1", "demo", ("A",), "do it"),
+        WorkflowState("w2", "demo", ("A",), "", hidden=np.full(8, 0.5), context_tail="x"),
+        WorkflowState("w3", "demo", ("A",)),
+    ]
+    text, has = step.encode(states).text.numpy(), step.encode(states).has_text.numpy()
+    expected = encoder.encode(["user: yes please", "do it"])
+    np.testing.assert_array_equal(text[:2], expected)
+    np.testing.assert_array_equal(text[2], np.full(8, 0.5))  # an engine's hidden state wins
+    assert has.tolist() == [True, True, True, False]
+    np.testing.assert_array_equal(task.encode(states).text.numpy()[0], expected[1])
+
+    edges = (("A", "B"), ("B", "C"), ("C", "D"), ("D", "A"), ("D", END))
+    info = CheckpointInfo("demo", AGENTS, edges, result.model.config, "hashing", {}, "step")
+    save_checkpoint(tmp_path / "ckpt", result.model, info)
+    loaded = GraphSageForecaster.from_checkpoint(tmp_path / "ckpt", text_encoder=encoder)
+    assert loaded.text_source == "step"
+    np.testing.assert_allclose(loaded.forecast(states), step.forecast(states), atol=1e-6)
+    with pytest.raises(ValueError, match="text_source"):
+        GraphSageForecaster(result.model, AGENTS, text_source="tail")  # type: ignore[arg-type]

@@ -1,10 +1,17 @@
 """Inputs of the GraphSAGE forecaster: features, labels, examples, splits, scores, text."""
 
+import msgspec
 import numpy as np
 import pytest
 
 from pbkv.predictor import END, CallGraph, MarkovForecaster, UniformForecaster, top1_accuracy
-from pbkv.predictor.dataset import build_examples, split_records
+from pbkv.predictor.dataset import (
+    build_examples,
+    embed_texts,
+    example_texts,
+    split_records,
+    state_text,
+)
 from pbkv.predictor.features import (
     AGENT_STATISTICS,
     IGNORE_LABEL,
@@ -165,3 +172,55 @@ def test_text_encoders_by_name():
     assert make_text_encoder("smollm2", cache=False).dim == 576
     with pytest.raises(ValueError, match="unknown text encoder 'bert'; known text encoders"):
         make_text_encoder("bert")
+
+
+def test_state_text_prefers_the_step_tail_with_the_step_source():
+    assert state_text("task", "user: yes", "step") == "user: yes"
+    assert state_text("task", "", "step") == "task"
+    assert state_text("task", "user: yes", "task") == "task"
+    assert state_text("", "", "step") == ""
+    with pytest.raises(ValueError, match="text source"):
+        state_text("task", "", "tail")  # type: ignore[arg-type]
+
+
+def test_step_examples_embed_each_steps_tail(make_record):
+    record = make_record("A", "B", "A")
+    tails = ["user: hi", "", "tool: {}"]
+    record = msgspec.structs.replace(
+        record,
+        steps=[
+            msgspec.structs.replace(s, context_tail=t)
+            for s, t in zip(record.steps, tails, strict=True)
+        ],
+    )
+    empty = msgspec.structs.replace(make_record("B"), task_text="")
+    texts = example_texts([record, empty], "step")
+    assert texts == ["user: hi", "do it", "tool: {}", ""]
+    assert example_texts([record], "task") == ["do it"] * 3
+
+    encoder = HashingEncoder(8)
+    vectors, present = embed_texts(encoder, texts)
+    assert present.tolist() == [True, True, True, False]
+    np.testing.assert_array_equal(vectors[:3], encoder.encode(texts[:3]))
+    assert not vectors[3].any()
+
+    examples = build_examples(
+        [record, empty],
+        ["A", "B"],
+        horizon=1,
+        max_prefix=4,
+        max_positions=8,
+        example_text_vectors=vectors,
+        example_has_text=present,
+    )
+    np.testing.assert_array_equal(examples.text, vectors)
+    assert examples.has_text.tolist() == [True, True, True, False]
+    with pytest.raises(ValueError, match="3 rows for 4 examples"):
+        build_examples(
+            [record, empty],
+            ["A", "B"],
+            horizon=1,
+            max_prefix=4,
+            max_positions=8,
+            example_text_vectors=vectors[:3],
+        )

@@ -91,3 +91,28 @@ def test_schema_error_names_missing_field(tmp_path):
 
     with pytest.raises(TraceFileError, match=r"t\.jsonl:1: .*`task_id`"):
         read_traces(path, strict=True)
+
+
+def test_context_tail_round_trips(tmp_path):
+    step = TraceStep("agent", [SegmentCount("context", 9)], 3, 0.5, context_tail="user: hi")
+    record = TraceRecord(TRACE_VERSION, "taubench", "t-0", "hi", [step, TraceStep("user", [], 1)])
+    path = tmp_path / "tail.jsonl"
+    write_traces(path, [record])
+
+    (read,) = read_traces(path, strict=True).records
+    assert read == record
+    assert [s.context_tail for s in read.steps] == ["user: hi", ""]
+
+
+def test_a_line_written_before_context_tail_still_decodes(tmp_path):
+    line = (
+        '{"version":1,"app":"demo","task_id":"t0","task_text":"do it",'
+        '"steps":[{"agent":"a","segments":[["role",10]],"output_tokens":5,"gap_s":0.0}],'
+        '"end_reason":"end","task_features":{}}\n'
+    )
+    path = tmp_path / "old.jsonl"
+    path.write_text(line)
+
+    (record,) = read_traces(path, strict=True).records
+    assert record.steps[0].context_tail == ""
+    assert record.steps[0].agent == "a"
