@@ -29,6 +29,7 @@ async def serve_workflows(
     concurrency: int = 8,
     recorder: EventRecorder | None = None,
     on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+    predictor_in_thread: bool = False,
 ) -> list[WorkflowOutcome]:
     """Run ``workflows`` closed-loop, ``concurrency`` at a time, and return their outcomes.
 
@@ -44,6 +45,8 @@ async def serve_workflows(
         concurrency: workflows in flight at once, >= 1.
         recorder: appends every lifecycle event to a JSONL file.
         on_outcome: called as each workflow ends (progress bars).
+        predictor_in_thread: run the forecasters in a worker thread (real-time serving
+            with a learned model); inline keeps virtual-time runs deterministic.
 
     Returns:
         One outcome per workflow, in completion order.
@@ -66,7 +69,9 @@ async def serve_workflows(
         predictor: ActorRef | None = None
         vocab: tuple[str, ...] = ()
         if forecasters:
-            predictor = await system.spawn(PredictorActor(forecasters), name="predictor")
+            predictor = await system.spawn(
+                PredictorActor(forecasters, run_in_thread=predictor_in_thread), name="predictor"
+            )
             vocab = forecasters[0].agents
         kvm = await system.spawn(
             KVManagerActor(kv, predictor, vocab, recorder=recorder),
