@@ -119,7 +119,7 @@ def headline(data: Path) -> list[str]:
         )
     horizon = load(data, "sweep-horizon-hover.json")
     if horizon:
-        best = max(horizon["points"], key=lambda p: p["results"][0]["gpu_hit_rate"])
+        best = max(horizon["points"], key=lambda p: by_policy(p)["pbkv"]["gpu_hit_rate"])
         out.append(f"- **Horizon sweep**: pbkv's GPU hit rate peaks at K = {best['value']:g}.")
     return out
 
