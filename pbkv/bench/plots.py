@@ -61,11 +61,8 @@ def plot_hit_timeline(
         w = max(1, min(window, len(hit)))
         smooth = np.convolve(hit, np.ones(w) / w, mode="valid")
         ax.plot(t[w - 1 :], 100 * smooth, label=r.policy)
-    ax.set(
-        xlabel="simulated time (s)",
-        ylabel=f"GPU hit rate (%), {window}-invocation mean",
-        title=title,
-    )
+    ax.set(xlabel="simulated time (s)", ylabel=f"GPU hit rate (%), {window}-invocation mean")
+    ax.set_title(title.replace(", GPU KV", ",\nGPU KV"), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
