@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import trio
 
-from pbkv.engines.admission import admit_fcfs
 from pbkv.engines.base import GenerateRequest, GenerateResult
+from pbkv.engines.owned import OwnedCacheEngine
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.kvmanager import Admission, KVManager, LoadTransfer, block_keys
 from pbkv.runtime.clock import now_s
@@ -71,7 +70,7 @@ class _Entry:
         return len(self.request.prompt_token_ids)
 
 
-class SimEngine:
+class SimEngine(OwnedCacheEngine[_Entry]):
     """Virtual-time engine over a :class:`KVManager` and a :class:`CostModel`.
 
     Args:
@@ -80,19 +79,14 @@ class SimEngine:
         config: scheduler limits.
     """
 
-    owns_cache = True
     has_hidden_state = False
 
     def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
-        self.kv = kv
-        self.cost = cost
         self.config = config or SimConfig()
-        self.has_host_tier = kv.config.host_capacity_blocks > 0
-        self._waiting: deque[_Entry] = deque()
-        self._running: list[_Entry] = []
+        super().__init__(kv, self.config.max_batch_size)
+        self.cost = cost
         self._pending_loads: dict[LoadTransfer, float] = {}
         self._link_free_s = 0.0
-        self._wake = trio.Event()
         self._steps = 0
         self._busy_s = 0.0
         self._prefill_tokens = 0
@@ -101,33 +95,6 @@ class SimEngine:
         self._prefetch_steps = 0
 
     # -- public ---------------------------------------------------------------------
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the scheduler loop until cancelled."""
-        task_status.started()
-        while True:
-            await self._step()
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Queue ``request`` and wait for its result.
-
-        Raises:
-            ValueError: empty prompt or ``max_new_tokens < 1``.
-            EngineError: the request can never fit in the GPU tier.
-        """
-        if not request.prompt_token_ids:
-            raise ValueError(f"request {request.request_id}: empty prompt")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1")
-        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
-        entry = _Entry(request, keys, now_s())
-        self._waiting.append(entry)
-        self._wake.set()
-        await entry.done.wait()
-        if entry.error is not None:
-            raise entry.error
-        assert entry.result is not None
-        return entry.result
 
     def statistics(self) -> SimStatistics:
         return SimStatistics(
@@ -163,19 +130,10 @@ class SimEngine:
             self.kv.check_integrity()
 
     async def _idle(self) -> None:
-        deadline = min(self._pending_loads.values(), default=math.inf)
-        with trio.move_on_at(deadline):
-            await self._wake.wait()
-        self._wake = trio.Event()
+        await self._wait_for_work(min(self._pending_loads.values(), default=math.inf))
 
-    def _admit(self) -> None:
-        admit_fcfs(
-            self.kv,
-            self._waiting,
-            self.config.max_batch_size - len(self._running),
-            on_admit=self._start,
-            on_reject=self._fail,
-        )
+    def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> _Entry:
+        return _Entry(request, keys, submit_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
@@ -237,12 +195,6 @@ class SimEngine:
             ttft_s=entry.first_token_s - entry.submit_s,
             e2e_s=now - entry.submit_s,
         )
-        entry.done.set()
-
-    def _fail(self, entry: _Entry, error: BaseException) -> None:
-        if entry.admission is not None:
-            self.kv.release(entry.admission)
-        entry.error = error
         entry.done.set()
 
     # -- host link ------------------------------------------------------------------

@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 import trio
 
-from pbkv.engines.admission import admit_fcfs
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.owned import OwnedCacheEngine
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
 from pbkv.kvmanager import (
@@ -197,7 +197,7 @@ class _Inflight:
     done: CopyDone | None = None
 
 
-class TorchEngine:
+class TorchEngine(OwnedCacheEngine[_Entry]):
     """Owned-cache engine over a transformers causal LM (see the module docstring).
 
     Args:
@@ -211,7 +211,6 @@ class TorchEngine:
         ValueError: ``kv.config.bytes_per_block`` is set and is not the model's.
     """
 
-    owns_cache = True
     has_hidden_state = True
 
     def __init__(
@@ -225,10 +224,9 @@ class TorchEngine:
                 f"kv.config.bytes_per_block is {bpb}; the model's is "
                 f"{self.layout.bytes_per_block} (use make_kv_config)"
             )
-        self.kv = kv
-        self.model = model
         self.config = config or TorchEngineConfig()
-        self.has_host_tier = kv.config.host_capacity_blocks > 0
+        super().__init__(kv, self.config.max_batch_size)
+        self.model = model
         self.device = weight.device
         self.pools = PagedKVPools(
             self.layout, kv.config.gpu_capacity_blocks, kv.config.host_capacity_blocks, self.device
@@ -240,53 +238,23 @@ class TorchEngine:
         self._stop = _stop_tokens(self.config.stop_token_ids, model)
         self._vocab = int(model.config.vocab_size)
         self._max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-        self._waiting: deque[_Entry] = deque()
-        self._running: list[_Entry] = []
         self._copies: list[BlockCopy] = []
         self._inflight: deque[_Inflight] = deque()
         self._loading: set[LoadTransfer] = set()
-        self._wake = trio.Event()
         self._decode_step_s = 0.05
         self._counters = _Counters()
         kv.set_demote_hook(self._on_demote)
 
     # -- public ---------------------------------------------------------------------
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the scheduler loop until cancelled."""
-        task_status.started()
-        while True:
-            await self._step()
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Queue ``request``, generate greedily and return the result.
-
-        Raises:
-            ValueError: empty prompt, ``max_new_tokens < 1``, a token id outside the
-                vocabulary, or a sequence longer than the model's positions.
-            EngineError: the request can never fit in the GPU tier, or the engine failed.
-        """
-        self._validate(request)
-        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
-        entry = _Entry(request, keys, now_s())
-        self._waiting.append(entry)
-        self._wake.set()
-        await entry.done.wait()
-        if entry.error is not None:
-            raise entry.error
-        assert entry.result is not None
-        return entry.result
-
     def statistics(self) -> TorchStatistics:
         """Return the engine's counters. Does not modify the engine."""
         return TorchStatistics(**dataclasses.asdict(self._counters))
 
     def _validate(self, request: GenerateRequest) -> None:
+        """Also reject token ids outside the vocabulary and sequences past the positions."""
+        super()._validate(request)
         rid, prompt = request.request_id, request.prompt_token_ids
-        if not prompt:
-            raise ValueError(f"request {rid}: empty prompt")
-        if request.max_new_tokens < 1:
-            raise ValueError(f"request {rid}: max_new_tokens must be >= 1")
         if min(prompt) < 0 or max(prompt) >= self._vocab:
             raise ValueError(f"request {rid}: prompt_token_ids outside [0, {self._vocab})")
         if len(prompt) + request.max_new_tokens > self._max_positions:
@@ -328,17 +296,10 @@ class TorchEngine:
         if self._inflight:  # copies in flight on a CUDA stream: poll them
             await trio.sleep(0.0005)
             return
-        await self._wake.wait()
-        self._wake = trio.Event()
+        await self._wait_for_work()
 
-    def _admit(self) -> None:
-        admit_fcfs(
-            self.kv,
-            self._waiting,
-            self.config.max_batch_size - len(self._running),
-            on_admit=self._start,
-            on_reject=self._fail,
-        )
+    def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> _Entry:
+        return _Entry(request, keys, submit_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
@@ -405,11 +366,8 @@ class TorchEngine:
         entry.done.set()
 
     def _fail(self, entry: _Entry, error: BaseException) -> None:
-        if entry.admission is not None:
-            self.kv.release(entry.admission)
         entry.cache = None
-        entry.error = error
-        entry.done.set()
+        super()._fail(entry, error)
 
     def _fail_all(self, error: EngineError) -> None:
         for entry in [*self._running, *self._waiting]:

@@ -1,0 +1,113 @@
+"""The shell shared by owned-cache engines (``sim``, ``torch``): a request queue, FCFS
+admission through the KV manager, and the wait for each request's result (§7)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Generic, Protocol, TypeVar
+
+import trio
+
+from pbkv.engines.admission import Waiting, admit_fcfs
+from pbkv.engines.base import GenerateRequest, GenerateResult
+from pbkv.kvmanager import Admission, KVManager, block_keys
+from pbkv.runtime.clock import now_s
+
+
+class Queued(Waiting, Protocol):
+    """A request's state as the shell sees it."""
+
+    admission: Admission | None
+    done: trio.Event
+    result: GenerateResult | None
+    error: BaseException | None
+
+
+E = TypeVar("E", bound=Queued)
+
+
+class OwnedCacheEngine(Generic[E]):
+    """Queue requests, admit them in order, and hand each caller its result.
+
+    Subclasses implement one scheduler step (:meth:`_step`), build their per-request
+    state (:meth:`_new_entry`, a :class:`Queued`) and take an admitted request in
+    (:meth:`_start`).
+
+    Args:
+        kv: the KV manager whose radix tree is the engine's allocator.
+        max_batch_size: most requests running at once.
+    """
+
+    owns_cache = True
+
+    def __init__(self, kv: KVManager, max_batch_size: int) -> None:
+        self.kv = kv
+        self.max_batch_size = max_batch_size
+        self.has_host_tier = kv.config.host_capacity_blocks > 0
+        self._waiting: deque[E] = deque()
+        self._running: list[E] = []
+        self._wake = trio.Event()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the scheduler loop until cancelled."""
+        task_status.started()
+        while True:
+            await self._step()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Queue ``request`` and wait for its result.
+
+        Raises:
+            ValueError: an invalid request (see :meth:`_validate`).
+            EngineError: the request can never fit in the GPU tier, or the engine failed.
+        """
+        self._validate(request)
+        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
+        entry = self._new_entry(request, keys, now_s())
+        self._waiting.append(entry)
+        self._wake.set()
+        await entry.done.wait()
+        if entry.error is not None:
+            raise entry.error
+        assert entry.result is not None
+        return entry.result
+
+    async def _wait_for_work(self, deadline_s: float = math.inf) -> None:
+        """Sleep until a request arrives or the clock reaches ``deadline_s``."""
+        with trio.move_on_at(deadline_s):
+            await self._wake.wait()
+        self._wake = trio.Event()
+
+    def _validate(self, request: GenerateRequest) -> None:
+        """Reject an empty prompt or ``max_new_tokens < 1`` (``ValueError``)."""
+        if not request.prompt_token_ids:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        if request.max_new_tokens < 1:
+            raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1")
+
+    def _admit(self) -> None:
+        admit_fcfs(
+            self.kv,
+            self._waiting,
+            self.max_batch_size - len(self._running),
+            on_admit=self._start,
+            on_reject=self._fail,
+        )
+
+    def _fail(self, entry: E, error: BaseException) -> None:
+        """End ``entry`` with ``error``, releasing its hold on the cache (§10)."""
+        admission = entry.admission
+        if admission is not None:
+            self.kv.release(admission)
+        entry.error = error
+        entry.done.set()
+
+    async def _step(self) -> None:
+        raise NotImplementedError
+
+    def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> E:
+        raise NotImplementedError
+
+    def _start(self, entry: E, admission: Admission) -> None:
+        raise NotImplementedError
