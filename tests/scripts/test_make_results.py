@@ -13,18 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_results.py"
 def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
-    args = [
-        "--app",
-        "codegen",
-        "--workflows",
-        "4",
-        "--concurrency",
-        "2",
-        "--train-workflows",
-        "20",
-        "--policies",
-        "lru,kvflow,lae,he,pbkv,belady",
-    ]
+    args = ["--app", "codegen", "--workflows", "4", "--concurrency", "2", "--train-workflows", "20", "--policies", "lru,kvflow,lae,he,pbkv,belady"]
     assert main(["bench", *args, "--json", str(data / "bench-hover.json")]) == 0
     shutil.copy(data / "bench-hover.json", data / "bench-financebench.json")
     out = tmp_path / "results.md"
