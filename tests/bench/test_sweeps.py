@@ -1,6 +1,7 @@
 """Sweeps, plots and the sweep/trace-plot commands on tiny workloads."""
 
 import json
+import shlex
 
 import pytest
 
@@ -41,7 +42,9 @@ def test_noise_never_changes_lru():
 
 
 def test_sweep_and_trace_plot_commands_write_files(tmp_path, capsys):
-    args = ["--app", "codegen", "--workflows", "4", "--concurrency", "2", "--train-workflows", "20", "--policies", "lru,pbkv"]
+    args = shlex.split(
+        "--app codegen --workflows 4 --concurrency 2 --train-workflows 20 --policies lru,pbkv"
+    )
     assert main(["sweep", "horizon", "--values", "1,2", "--out-dir", str(tmp_path), *args]) == 0
     payload = json.loads((tmp_path / "sweep-horizon-codegen.json").read_text())
     assert payload["parameter"] == "horizon" and len(payload["points"]) == 2

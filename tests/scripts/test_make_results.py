@@ -1,6 +1,7 @@
 """docs/results.md is generated from the study's JSON, with the reproducing commands."""
 
 import runpy
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -13,7 +14,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_results.py"
 def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
-    args = ["--app", "codegen", "--workflows", "4", "--concurrency", "2", "--train-workflows", "20", "--policies", "lru,kvflow,lae,he,pbkv,belady"]
+    args = shlex.split(
+        "--app codegen --workflows 4 --concurrency 2 --train-workflows 20 --policies lru,kvflow,lae,he,pbkv,belady"
+    )
     assert main(["bench", *args, "--json", str(data / "bench-hover.json")]) == 0
     shutil.copy(data / "bench-hover.json", data / "bench-financebench.json")
     out = tmp_path / "results.md"
