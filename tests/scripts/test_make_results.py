@@ -15,7 +15,8 @@ def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
     args = shlex.split(
-        "--app codegen --workflows 4 --concurrency 2 --train-workflows 20 --policies lru,kvflow,lae,he,pbkv,belady"
+        "--app codegen --workflows 4 --concurrency 2 --train-workflows 20 "
+        "--policies lru,kvflow,lae,he,pbkv,belady"
     )
     assert main(["bench", *args, "--json", str(data / "bench-hover.json")]) == 0
     shutil.copy(data / "bench-hover.json", data / "bench-financebench.json")
