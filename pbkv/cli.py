@@ -433,6 +433,27 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--train-traces", default=None, help="traces the Markov models are fitted on")
     ev.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
     ev.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
+    ev.add_argument(
+        "--folds",
+        type=int,
+        default=0,
+        help="cross-validate over the tasks of --traces with this many folds (>= 2); every "
+        "predictor is trained on the other folds (0: --traces are held out)",
+    )
+    ev.add_argument(
+        "--text-encoder",
+        default="none",
+        help="text encoder of a graphsage trained here (--folds or --train-traces without "
+        "--checkpoint): smollm2, minilm, hashing or none",
+    )
+    ev.add_argument(
+        "--text-source",
+        choices=("task", "step"),
+        default="task",
+        help="what a graphsage trained here embeds: the task text or each step's newest text",
+    )
+    ev.add_argument("--seed", type=int, default=0, help="fold deal and training seed")
+    ev.add_argument("--json", dest="json_path", default=None, help="also write scores here")
     ev.set_defaults(run=_run_eval_predictor)
 
     bp = sub.add_parser(
@@ -444,6 +465,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     bp.add_argument("--batch", type=_positive_int, default=1024, help="states per forecast batch")
     bp.add_argument("--repeats", type=_positive_int, default=20, help="timed repetitions")
     bp.add_argument("--threads", type=_positive_int, default=1, help="torch threads")
+    bp.add_argument("--json", dest="json_path", default=None, help="also write the timing here")
     bp.set_defaults(run=_run_bench_predictor)
 
 
@@ -504,15 +526,22 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.report import command_line
     from pbkv.predictor.cli_commands import eval_predictor
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     learned = [n for n in names if n.startswith("graphsage")]
-    if learned and args.checkpoint is None and args.train_traces is None:
+    if args.folds == 1 or args.folds < 0:
+        raise ValueError(f"--folds must be 0 (off) or >= 2, got {args.folds}")
+    if args.folds and (args.checkpoint or args.train_traces):
+        raise ValueError("--folds trains on --traces itself; drop --checkpoint/--train-traces")
+    if learned and not args.folds and args.checkpoint is None and args.train_traces is None:
         raise ValueError(
-            f"{learned[0]} needs --checkpoint (from pbkv train) or --train-traces to train one"
+            f"{learned[0]} needs --checkpoint (from pbkv train), --train-traces to train one, "
+            "or --folds to cross-validate"
         )
     _check_app(args.app, args.traces)
+    _check_writable(args.json_path)
     console.print(
         eval_predictor(
             args.app,
@@ -521,19 +550,37 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
             train_traces=args.train_traces,
             checkpoint=args.checkpoint,
             horizon=args.horizon,
+            folds=args.folds,
+            text_encoder=None if args.text_encoder == "none" else args.text_encoder,
+            text_source=args.text_source,
+            seed=args.seed,
+            json_path=args.json_path,
+            console=console,
+            command=command_line(args.argv),
         )
     )
+    if args.json_path:
+        console.print(f"wrote {args.json_path}")
     return 0
 
 
 def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
+    from pbkv.bench.report import command_line
     from pbkv.predictor.cli_commands import bench_predictor
 
+    _check_writable(args.json_path)
     console.print(
         bench_predictor(
-            args.checkpoint, batch=args.batch, repeats=args.repeats, threads=args.threads
+            args.checkpoint,
+            batch=args.batch,
+            repeats=args.repeats,
+            threads=args.threads,
+            json_path=args.json_path,
+            command=command_line(args.argv),
         )
     )
+    if args.json_path:
+        console.print(f"wrote {args.json_path}")
     return 0
 
 

@@ -12,8 +12,9 @@ import os
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
@@ -22,8 +23,7 @@ from rich.table import Table
 
 from pbkv.predictor.base import Forecaster, WorkflowState
 from pbkv.predictor.callgraph import CallGraph
-from pbkv.predictor.dataset import split_records
-from pbkv.predictor.registry import make_forecaster
+from pbkv.predictor.dataset import TextSource, split_records
 from pbkv.predictor.scoring import ForecastScores, score_forecaster
 from pbkv.predictor.trace import TraceRecord, read_traces, write_traces
 
@@ -32,6 +32,9 @@ PAPER_TOP1 = {"paper model": (0.935, 0.848, 0.771), "paper markov-1": (0.752, 0.
 """Top-1 accuracy at k = 1..3 the paper reports on its multi-hop workload."""
 
 PathLike = str | os.PathLike[str]
+
+if TYPE_CHECKING:
+    from pbkv.predictor.train import TrainConfig
 
 
 def trace_generate(app: str, workflows: int, seed: int, out: PathLike) -> Table:
@@ -193,34 +196,122 @@ def eval_predictor(
     checkpoint: PathLike | None = None,
     horizon: int = 3,
     markov_smoothing: float = 0.0,
+    folds: int = 0,
+    text_encoder: str | None = None,
+    text_source: str = "task",
+    seed: int = 0,
+    json_path: PathLike | None = None,
+    console: Console | None = None,
+    command: str = "",
 ) -> Table:
     """Score predictors on held-out traces: top-1 accuracy at k = 1..K and END Brier score.
 
-    Names are registry names plus ``graphsage-notext`` (the checkpoint's model with every
-    text vector withheld). ``markov*`` fit on ``train_traces`` (default: the traces file
-    named in the checkpoint's sidecar); ``graphsage`` loads ``checkpoint`` (or, without
-    one, trains on ``train_traces`` with no text encoder); ``oracle`` reads the held-out
-    paths.
+    Names are registry names plus ``graphsage-notext`` (the graphsage model with every
+    text vector withheld). With ``folds`` >= 2, ``traces`` are all the traces and every
+    predictor is cross-validated over their tasks
+    (:func:`~pbkv.predictor.crossval.cross_validate`). Otherwise ``traces`` are held out:
+    ``markov*`` fit on ``train_traces`` (default: the traces file named in the
+    checkpoint's sidecar); ``graphsage`` loads ``checkpoint`` or, without one, trains on
+    ``train_traces`` with ``text_encoder``/``text_source``; ``oracle`` reads the
+    held-out paths.
+
+    Args:
+        seed: deals tasks into folds, and seeds a graphsage trained here.
+        json_path: also write the scores (and per-fold scores) to this JSON file.
+        command: the command line recorded in that file.
+        console: where the cross-validation progress bar is drawn (default: stderr).
 
     Returns:
         One row per predictor (plus the paper's reference rows when ``K >= 3``).
 
     Raises:
-        ValueError: an unknown app or predictor name, or a predictor that lacks an input.
+        ValueError: an unknown app, predictor or text source, a predictor that lacks an
+            input, or ``folds`` combined with a checkpoint or training traces.
     """
     from pbkv.examples import get_app
+    from pbkv.predictor.crossval import cross_validate, predictor_builder
+    from pbkv.predictor.dataset import TEXT_SOURCES
 
+    if text_source not in TEXT_SOURCES:
+        raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
+    source: TextSource = "step" if text_source == "step" else "task"
     spec = get_app(app)
     graph = CallGraph(spec.agents, spec.edges)
-    held_out = [r for r in _read(traces) if r.steps]
-    fit_on = _training_traces(train_traces, checkpoint)
-    scores = []
-    for name in predictors:
-        forecaster = _build_for_eval(
-            name, spec.agents, horizon, fit_on, graph, held_out, checkpoint, markov_smoothing
+    records = [r for r in _read(traces) if r.steps]
+    train = _train_config(seed)
+    fold_rows: list[dict[str, object]] = []
+    if folds:
+        if checkpoint is not None or train_traces is not None:
+            raise ValueError(
+                "cross-validation (folds) trains on the traces themselves; "
+                "drop the checkpoint and training traces"
+            )
+        console = console or Console(stderr=True)
+        with _progress(console) as bar:
+            task = bar.add_task(f"{folds}-fold cross-validation", total=folds, loss="")
+            result = cross_validate(
+                records,
+                graph,
+                predictors,
+                folds=folds,
+                seed=seed,
+                horizon=horizon,
+                text_encoder=text_encoder,
+                text_source=source,
+                train=train,
+                on_fold=lambda n: bar.update(task, completed=n),
+            )
+        scores = list(result.pooled)
+        fold_rows = [
+            {"fold": n, "traces": size, "scores": [_score_dict(s) for s in fold]}
+            for n, (size, fold) in enumerate(zip(result.fold_traces, result.folds, strict=True), 1)
+        ]
+        title = f"{app}: {folds}-fold cross-validation by task over {len(records)} traces"
+    else:
+        build = predictor_builder(
+            graph,
+            horizon,
+            _training_traces(train_traces, checkpoint),
+            records,
+            checkpoint=checkpoint,
+            text_encoder=text_encoder,
+            text_source=source,
+            train=train,
+            smoothing=markov_smoothing,
         )
-        scores.append(score_forecaster(forecaster, held_out, horizon=horizon))
-    return scores_table(scores, title=f"{app}: {len(held_out)} held-out traces", paper=horizon >= 3)
+        scores = [score_forecaster(build(name), records, horizon=horizon) for name in predictors]
+        title = f"{app}: {len(records)} held-out traces"
+    if json_path is not None:
+        document = {
+            "command": command,
+            "app": app,
+            "scores": [_score_dict(s) for s in scores],
+            "folds": fold_rows,
+        }
+        _write_json(json_path, document)
+    return scores_table(scores, title=title, paper=horizon >= 3)
+
+
+def _train_config(seed: int) -> TrainConfig:
+    from pbkv.predictor.train import TrainConfig
+
+    return TrainConfig(seed=seed)
+
+
+def _score_dict(score: ForecastScores) -> dict[str, object]:
+    return {
+        "predictor": score.name,
+        "top1": [float(v) for v in score.top1],
+        "end_brier": [float(v) for v in score.end_brier],
+        "pairs": [int(v) for v in score.pairs],
+    }
+
+
+def _write_json(path: PathLike, document: Mapping[str, object]) -> None:
+    import json
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(document, indent=1) + "\n")
 
 
 def scores_table(scores: Sequence[ForecastScores], *, title: str, paper: bool = False) -> Table:
@@ -254,12 +345,19 @@ def bench_predictor(
     repeats: int = 20,
     threads: int | None = None,
     traces: PathLike | None = None,
+    json_path: PathLike | None = None,
+    command: str = "",
 ) -> Table:
     """Time one ``forecast`` call on ``batch`` workflow states (CPU), after a warm-up.
 
     States are prefixes of ``traces`` (default: the checkpoint's training traces), cycled
     to fill the batch; each carries a random text vector when the model takes one, so
     no text encoder runs inside the timing.
+
+    Args:
+        json_path: also write the timing, the checkpoint's sidecar (sizes and training
+            facts) and the parameter count to this JSON file.
+        command: the command line recorded in that file.
 
     Returns:
         Median, p10 and p90 latency in milliseconds and the per-state cost.
@@ -285,6 +383,18 @@ def bench_predictor(
         table.add_column(column, justify="right")
     p10, p50, p90 = np.percentile(times_ms, [10, 50, 90])
     table.add_row(f"{p50:.2f}", f"{p10:.2f}", f"{p90:.2f}", f"{1000 * p50 / batch:.2f}")
+    if json_path is not None:
+        document = {
+            "command": command,
+            "batch": batch,
+            "threads": torch.get_num_threads(),
+            "median_ms": float(p50),
+            "p10_ms": float(p10),
+            "p90_ms": float(p90),
+            "parameters": forecaster.model.parameter_count(),
+            "checkpoint": _sidecar(checkpoint),
+        }
+        _write_json(json_path, document)
     return table
 
 
@@ -305,37 +415,6 @@ def _bench_states(
     return states
 
 
-def _build_for_eval(
-    name: str,
-    agents: tuple[str, ...],
-    horizon: int,
-    fit_on: list[TraceRecord],
-    graph: CallGraph,
-    held_out: list[TraceRecord],
-    checkpoint: PathLike | None,
-    smoothing: float,
-) -> Forecaster:
-    if name in ("graphsage", "graphsage-notext") and checkpoint is not None:
-        from pbkv.predictor.graphsage_forecaster import GraphSageForecaster
-
-        forecaster = GraphSageForecaster.from_checkpoint(
-            checkpoint, horizon=horizon, use_text=name == "graphsage"
-        )
-        forecaster.name = name
-        return forecaster
-    if name == "graphsage-notext":
-        raise ValueError("predictor 'graphsage-notext' needs a checkpoint")
-    return make_forecaster(
-        name,
-        agents=agents,
-        horizon=horizon,
-        traces=fit_on,
-        workflows={r.task_id: r.agents for r in held_out},
-        graph=graph,
-        smoothing=smoothing,
-    )
-
-
 def _training_traces(
     train_traces: PathLike | None, checkpoint: PathLike | None
 ) -> list[TraceRecord]:
@@ -346,16 +425,21 @@ def _training_traces(
     return []
 
 
-def _sidecar_traces(checkpoint: PathLike) -> str:
+def _sidecar(checkpoint: PathLike) -> dict[str, object]:
     import json
 
     from pbkv.predictor.checkpoint import SIDECAR_FILE
 
     folder = Path(checkpoint)
-    sidecar = json.loads(
+    document: dict[str, object] = json.loads(
         ((folder if folder.is_dir() else folder.parent) / SIDECAR_FILE).read_text()
     )
-    path = sidecar.get("training", {}).get("traces_file")
+    return document
+
+
+def _sidecar_traces(checkpoint: PathLike) -> str:
+    training = _sidecar(checkpoint).get("training", {})
+    path = training.get("traces_file") if isinstance(training, dict) else None
     if not path:
         raise ValueError(f"checkpoint {checkpoint} names no training traces; pass train_traces=")
     return str(path)

@@ -182,13 +182,47 @@ def split_records(
     """
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    keys, shuffled = _shuffled_groups(records, by_task=by_task, seed=seed)
+    if len(shuffled) < 2:
+        raise ValueError(f"cannot split {len(records)} traces of {len(shuffled)} task(s) in two")
+    n_test = max(1, round(test_fraction * len(shuffled)))
+    return _hold_out(records, keys, set(shuffled[:n_test]))
+
+
+def task_folds(
+    records: Sequence[TraceRecord], folds: int, *, seed: int
+) -> list[tuple[list[TraceRecord], list[TraceRecord]]]:
+    """Deal the tasks of ``records`` (see :func:`task_group`) into ``folds`` folds, for
+    cross-validation; the deal is deterministic per ``seed``.
+
+    Returns:
+        One ``(train, held_out)`` pair per fold, each in input order; every record is
+        held out exactly once.
+
+    Raises:
+        ValueError: ``folds < 2``, or fewer tasks than folds.
+    """
+    if folds < 2:
+        raise ValueError(f"folds must be >= 2, got {folds}")
+    keys, shuffled = _shuffled_groups(records, by_task=True, seed=seed)
+    if len(shuffled) < folds:
+        raise ValueError(f"cannot deal {len(shuffled)} task(s) into {folds} folds")
+    return [_hold_out(records, keys, set(shuffled[fold::folds])) for fold in range(folds)]
+
+
+def _shuffled_groups(
+    records: Sequence[TraceRecord], *, by_task: bool, seed: int
+) -> tuple[list[str], list[str]]:
+    """Return each record's group key and the distinct groups in a seeded random order."""
     keys = [task_group(r) if by_task else str(i) for i, r in enumerate(records)]
-    if len(set(keys)) < 2:
-        raise ValueError(f"cannot split {len(records)} traces of {len(set(keys))} task(s) in two")
     groups = sorted(set(keys))
     order = np.random.default_rng(seed).permutation(len(groups))
-    n_test = max(1, round(test_fraction * len(groups)))
-    held = {groups[i] for i in order[:n_test]}
+    return keys, [groups[i] for i in order]
+
+
+def _hold_out(
+    records: Sequence[TraceRecord], keys: Sequence[str], held: set[str]
+) -> tuple[list[TraceRecord], list[TraceRecord]]:
     train = [r for r, k in zip(records, keys, strict=True) if k not in held]
     test = [r for r, k in zip(records, keys, strict=True) if k in held]
     return train, test

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pbkv.predictor.base import Forecaster
 from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.dataset import TextSource
 from pbkv.predictor.markov import MarkovForecaster
 from pbkv.predictor.oracle import OracleForecaster
 from pbkv.predictor.trace import TraceRecord
@@ -33,6 +34,7 @@ class ForecasterInputs:
     smoothing: float
     checkpoint: str | os.PathLike[str] | None = None
     text_encoder: str | None = None
+    text_source: TextSource = "task"
 
 
 def _markov(order: int) -> Callable[[ForecasterInputs], Forecaster]:
@@ -69,6 +71,7 @@ def _graphsage(inputs: ForecasterInputs) -> Forecaster:
         graph=inputs.graph,
         checkpoint=inputs.checkpoint,
         text_encoder=inputs.text_encoder,
+        text_source=inputs.text_source,
     )
 
 
@@ -99,6 +102,7 @@ def make_forecaster(
     smoothing: float = 0.0,
     checkpoint: str | os.PathLike[str] | None = None,
     text_encoder: str | None = None,
+    text_source: TextSource = "task",
 ) -> Forecaster:
     """Build the forecaster registered as ``name``.
 
@@ -117,6 +121,8 @@ def make_forecaster(
         checkpoint: a ``graphsage`` checkpoint folder (then ``traces`` are not used).
         text_encoder: ``graphsage``'s task-text encoder name (``smollm2``, ``minilm``,
             ``hashing``); default: none when training here, the sidecar's when loading.
+        text_source: what ``graphsage`` trained here embeds per state (``task`` or
+            ``step``; see :func:`~pbkv.predictor.dataset.state_text`).
 
     Returns:
         A ready :class:`~pbkv.predictor.base.Forecaster`.
@@ -138,5 +144,6 @@ def make_forecaster(
         smoothing,
         checkpoint,
         text_encoder,
+        text_source,
     )
     return factory(inputs)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pbkv.predictor.callgraph import CallGraph
-from pbkv.predictor.dataset import Examples, build_examples
+from pbkv.predictor.dataset import Examples, build_examples, task_group
 from pbkv.predictor.features import agent_statistics, reachability_masks, successor_edges
 from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
 from pbkv.predictor.trace import TraceRecord
@@ -33,7 +33,8 @@ class TrainConfig:
         weight_decay: AdamW's decoupled weight decay.
         text_dropout: probability of hiding an example's text vector, so the model also
             works when a state comes without one.
-        val_fraction: share of traces held out to choose the best epoch; 0 keeps the last.
+        val_fraction: share of tasks (:func:`~pbkv.predictor.dataset.task_group`) held
+            out to choose the best epoch; 0 keeps the last.
         seed: initialisation, shuffling and split seed.
         threads: torch intra-op threads during the fit (restored after). One is the
             default: the model is small, and on a shared 2-core machine more threads
@@ -152,7 +153,8 @@ def fit_graphsage(
     )
     if len(examples) == 0:
         raise ValueError("no trace has a step to learn from")
-    fit_rows, val_rows = _split(examples, train.val_fraction, rng)
+    tasks = np.asarray([task_group(r) for r in records])[examples.trace]
+    fit_rows, val_rows = _split(tasks, train.val_fraction, rng)
     threads = torch.get_num_threads()
     torch.set_num_threads(train.threads)
     try:
@@ -162,15 +164,21 @@ def fit_graphsage(
 
 
 def _split(
-    examples: Examples, val_fraction: float, rng: np.random.Generator
+    tasks: np.ndarray, val_fraction: float, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Hold out whole traces: return (train rows, validation rows) of ``examples``."""
-    traces = np.unique(examples.trace)
-    n_val = int(val_fraction * len(traces))
-    if n_val == 0 or n_val == len(traces):
-        return np.arange(len(examples)), np.zeros(0, dtype=np.int64)
-    held = rng.permutation(traces)[:n_val]
-    is_val = np.isin(examples.trace, held)
+    """Hold out whole tasks: return (train rows, validation rows) of the examples whose
+    tasks are ``tasks`` (one per example).
+
+    Trials of one task (τ-bench replays each task several times) share their text and
+    much of their path, so a validation trace whose sibling is trained on scores an
+    overfitted epoch as the best one.
+    """
+    groups = np.unique(tasks)
+    n_val = int(val_fraction * len(groups))
+    if n_val == 0 or n_val == len(groups):
+        return np.arange(len(tasks)), np.zeros(0, dtype=np.int64)
+    held = rng.permutation(groups)[:n_val]
+    is_val = np.isin(tasks, held)
     return np.flatnonzero(~is_val), np.flatnonzero(is_val)
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 PAPER_LADDER_HIT = {"lru": 27.1, "lae": 44.9, "he": 66.0, "pbkv": 69.1}  # hover, Fig. ablation
 PAPER_HOVER = "up to 1.85x latency and 2.55x GPU hit rate vs LRU"
 PAPER_FINANCE = "up to 1.26x latency and 1.39x GPU hit rate vs KVFlow"
+PAPER_TOP1 = {"paper model": (0.935, 0.848, 0.771), "paper markov-1": (0.752, 0.555, 0.295)}
+PAPER_FORECAST_MS = 1.56  # batch of 1024 states, on GPU
 
 
 def load(data: Path, name: str) -> dict | None:
@@ -124,6 +126,73 @@ def headline(data: Path) -> list[str]:
     return out
 
 
+def predictor_section(data: Path) -> list[str]:
+    """Top-1 per step for every predictor JSON (``pbkv eval-predictor --json``)."""
+    out: list[str] = []
+    for path in sorted(data.glob("predictor-*.json")):
+        run = json.loads(path.read_text())
+        if "scores" not in run:
+            continue
+        scores = run["scores"]
+        k = len(scores[0]["top1"])
+        folds = run.get("folds") or []
+        how = (
+            f"{len(folds)}-fold cross-validation by task over "
+            f"{sum(f['traces'] for f in folds)} traces (pooled)"
+            if folds
+            else "held-out traces"
+        )
+        out += [
+            f"### `{path.stem}`: {run['app']}, {how}",
+            "",
+            f"`{run.get('command', '')}`",
+            "",
+            "| predictor | "
+            + " | ".join(f"top-1 k={i}" for i in range(1, k + 1))
+            + " | END Brier |",
+            "|---|" + "---:|" * (k + 1),
+        ]
+        for s in scores:
+            pairs = sum(s["pairs"])
+            brier = sum(b * n for b, n in zip(s["end_brier"], s["pairs"], strict=True)) / pairs
+            cells = " | ".join(f"{v:.3f}" for v in s["top1"])
+            out.append(f"| {s['predictor']} | {cells} | {brier:.4f} |")
+        if k >= 3:
+            for name, top1 in PAPER_TOP1.items():
+                cells = " | ".join(f"{v:.3f}" for v in top1) + " | -" * (k - 3)
+                out.append(f"| {name} (its multi-hop workload) | {cells} | - |")
+        if folds:
+            names = [s["predictor"] for s in scores]
+            if "graphsage" in names and "markov-1" in names:
+                g, m = names.index("graphsage"), names.index("markov-1")
+                wins = [
+                    sum(f["scores"][g]["top1"][i] > f["scores"][m]["top1"][i] for f in folds)
+                    for i in range(k)
+                ]
+                out += [
+                    "",
+                    "Folds where graphsage beats markov-1, per step: "
+                    + ", ".join(f"k={i + 1}: {w}/{len(folds)}" for i, w in enumerate(wins))
+                    + ".",
+                ]
+        out.append("")
+    timing = load(data, "predictor-latency.json")
+    if timing:
+        facts = timing["checkpoint"].get("training", {})
+        out += [
+            f"- **Forecast latency**: {timing['median_ms']:.1f} ms median (p10 "
+            f"{timing['p10_ms']:.1f}, p90 {timing['p90_ms']:.1f}) for a batch of "
+            f"{timing['batch']} states on {timing['threads']} CPU thread(s), "
+            f"{timing['parameters']:,} parameters (paper: {PAPER_FORECAST_MS} ms on GPU).",
+            f"- **Training**: {facts.get('fit_s', float('nan')):.1f} s for "
+            f"{facts.get('traces', '?')} traces, {facts.get('epochs', '?')} epochs "
+            f"(best epoch {facts.get('best_epoch', '?')}); text embedding "
+            f"{facts.get('text_embedding_s', float('nan')):.1f} s (cached per text).",
+            "",
+        ]
+    return out
+
+
 def main(data_dir: str, out_md: str) -> None:
     data = Path(data_dir)
     md = [
@@ -160,6 +229,9 @@ def main(data_dir: str, out_md: str) -> None:
             f"![{path.stem}](data/{path.stem}.png)",
             "",
         ]
+    predictor = predictor_section(data)
+    if predictor:
+        md += ["## Predictor accuracy (GraphSAGE vs Markov)", "", *predictor]
     for png in sorted(data.glob("hit-timeline-*.png")):
         md += [
             f"## GPU hit rate over time (`{png.stem}`, paper Fig. 6)",

@@ -260,3 +260,12 @@ def test_step_text_source_embeds_the_context_tail_over_the_task_text(make_record
     np.testing.assert_allclose(loaded.forecast(states), step.forecast(states), atol=1e-6)
     with pytest.raises(ValueError, match="text_source"):
         GraphSageForecaster(result.model, AGENTS, text_source="tail")  # type: ignore[arg-type]
+
+
+def test_the_validation_split_holds_out_whole_tasks():
+    from pbkv.predictor.train import _split
+
+    tasks = np.repeat(np.array([f"task{i}" for i in range(10)]), 4)  # 4 trials each
+    fit, val = _split(tasks, 0.2, np.random.default_rng(0))
+    assert len(val) == 8 and len(fit) == 32
+    assert set(tasks[fit]).isdisjoint(tasks[val])

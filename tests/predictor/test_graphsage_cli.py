@@ -59,7 +59,7 @@ def test_generate_train_evaluate_and_time(tmp_path, monkeypatch):
 def test_eval_names_what_is_missing(tmp_path):
     traces = tmp_path / "t.jsonl"
     trace_generate("codegen", 3, 0, traces)
-    with pytest.raises(ValueError, match="'graphsage-notext' needs a checkpoint"):
+    with pytest.raises(ValueError, match="'graphsage-notext' needs a checkpoint or training"):
         eval_predictor("codegen", traces, ["graphsage-notext"])
     with pytest.raises(ValueError, match="unknown forecaster 'lstm'"):
         eval_predictor("codegen", traces, ["lstm"])

@@ -167,6 +167,14 @@ def test_cached_encoder_embeds_each_text_once_across_instances(tmp_path):
     assert len(list((tmp_path / "hashing-8").rglob("*.npy"))) == 2
 
 
+def test_cached_encoder_keeps_an_encoder_version_apart(tmp_path):
+    class Versioned(HashingEncoder):
+        cache_name = "hashing-8-v2"
+
+    CachedEncoder(Versioned(8), tmp_path).encode(["x"])
+    assert [p.name for p in tmp_path.iterdir()] == ["hashing-8-v2"]
+
+
 def test_text_encoders_by_name():
     assert text_encoder_names() == ("hashing", "minilm", "smollm2")
     assert make_text_encoder("smollm2", cache=False).dim == 576

@@ -29,3 +29,25 @@ def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     assert "pbkv vs kvflow" in text
     assert "`pbkv bench --app codegen" in text
     assert text.count("| belady |") == 2
+
+
+def test_predictor_section_comes_from_eval_and_bench_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("PBKV_CACHE_DIR", str(tmp_path / "cache"))
+    data, traces = tmp_path / "data", tmp_path / "t.jsonl"
+    assert main(f"trace generate --app codegen --workflows 12 --seed 0 --out {traces}".split()) == 0
+    cv = f"eval-predictor --app codegen --traces {traces} --folds 3 --predictors markov-1,oracle"
+    assert main([*cv.split(), "--json", str(data / "predictor-codegen-cv.json")]) == 0
+    ckpt = tmp_path / "ckpt"
+    train = f"train --app codegen --traces {traces} --out {ckpt} --epochs 1 --text-encoder none"
+    assert main(train.split()) == 0
+    bench = f"bench-predictor --checkpoint {ckpt} --batch 8 --repeats 2"
+    assert main([*bench.split(), "--json", str(data / "predictor-latency.json")]) == 0
+    out = tmp_path / "results.md"
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), str(data), str(out)])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    text = out.read_text()
+    assert "3-fold cross-validation by task over 12 traces" in text
+    assert "| oracle | 1.000 | 1.000 | 1.000 |" in text
+    assert "`pbkv eval-predictor --app codegen" in text
+    assert "for a batch of 8 states on 1 CPU thread(s)" in text
+    assert "for 12 traces, 1 epochs" in text
