@@ -31,6 +31,9 @@ class EvictionIndex:
     ) -> None:
         self._priority = priority
         self._is_candidate = is_candidate
+        # (priority, serial, version, node): equal priorities go by node serial (creation
+        # order), never by update order, which follows set iteration over nodes (memory
+        # addresses) and would make runs differ.
         self._heap: list[tuple[Priority, int, int, Node]] = []
         self._version: dict[int, int] = {}
         self._seq = itertools.count()
@@ -47,7 +50,7 @@ class EvictionIndex:
         # remove() would let an old heap entry pass as current.
         version = next(self._seq)
         self._version[node.serial] = version
-        heapq.heappush(self._heap, (self._priority(node), version, version, node))
+        heapq.heappush(self._heap, (self._priority(node), node.serial, version, node))
         if len(self._heap) > 4 * len(self._version) + 1024:
             self._compact()
 

@@ -180,6 +180,14 @@ def _check_writable(path: str | None) -> None:
         target.resolve().parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"{path}: cannot create its folder ({exc.strerror})") from None
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot write it ({exc.strerror})") from None
+    if not existed:
+        target.unlink()
 
 
 def _title(config, gpu_tokens: int) -> str:
@@ -424,13 +432,19 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         help="top-1 accuracy per step and END Brier score",
     )
     ev.add_argument("--app", required=True, help="app name")
-    ev.add_argument("--traces", required=True, help="held-out traces (JSONL)")
+    ev.add_argument(
+        "--traces", required=True, help="held-out traces (JSONL); with --folds, all the traces"
+    )
     ev.add_argument(
         "--predictors",
         default="markov-1,markov-3,graphsage",
         help="comma-separated forecasters (graphsage-notext withholds the text)",
     )
-    ev.add_argument("--train-traces", default=None, help="traces the Markov models are fitted on")
+    ev.add_argument(
+        "--train-traces",
+        default=None,
+        help="traces the Markov models (and a graphsage without --checkpoint) are fitted on",
+    )
     ev.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
     ev.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
     ev.add_argument(
@@ -443,8 +457,9 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--text-encoder",
         default="none",
-        help="text encoder of a graphsage trained here (--folds or --train-traces without "
-        "--checkpoint): smollm2, minilm, hashing or none",
+        help="text encoder of a graphsage trained here (--folds, or --train-traces without "
+        "--checkpoint): smollm2, minilm, hashing or none (then graphsage-notext is the same "
+        "model, and is refused); a checkpoint uses its own",
     )
     ev.add_argument(
         "--text-source",
@@ -452,7 +467,12 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         default="task",
         help="what a graphsage trained here embeds: the task text or each step's newest text",
     )
-    ev.add_argument("--seed", type=int, default=0, help="fold deal and training seed")
+    ev.add_argument(
+        "--epochs", type=_positive_int, default=30, help="epochs of a graphsage trained here"
+    )
+    ev.add_argument(
+        "--seed", type=int, default=0, help="fold deal and seed of a graphsage trained here"
+    )
     ev.add_argument("--json", dest="json_path", default=None, help="also write scores here")
     ev.set_defaults(run=_run_eval_predictor)
 
@@ -535,12 +555,19 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--folds must be 0 (off) or >= 2, got {args.folds}")
     if args.folds and (args.checkpoint or args.train_traces):
         raise ValueError("--folds trains on --traces itself; drop --checkpoint/--train-traces")
+    if args.checkpoint and (args.text_encoder != "none" or args.text_source != "task"):
+        raise ValueError(
+            "--text-encoder/--text-source configure a graphsage trained here; "
+            "a --checkpoint embeds text as its sidecar says"
+        )
     if learned and not args.folds and args.checkpoint is None and args.train_traces is None:
         raise ValueError(
             f"{learned[0]} needs --checkpoint (from pbkv train), --train-traces to train one, "
             "or --folds to cross-validate"
         )
     _check_app(args.app, args.traces)
+    if args.train_traces:
+        _check_app(args.app, args.train_traces)
     _check_writable(args.json_path)
     console.print(
         eval_predictor(
@@ -554,8 +581,9 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
             text_encoder=None if args.text_encoder == "none" else args.text_encoder,
             text_source=args.text_source,
             seed=args.seed,
+            epochs=args.epochs,
             json_path=args.json_path,
-            console=console,
+            console=Console(stderr=True),
             command=command_line(args.argv),
         )
     )

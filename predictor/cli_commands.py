@@ -200,6 +200,7 @@ def eval_predictor(
     text_encoder: str | None = None,
     text_source: str = "task",
     seed: int = 0,
+    epochs: int = 30,
     json_path: PathLike | None = None,
     console: Console | None = None,
     command: str = "",
@@ -217,6 +218,7 @@ def eval_predictor(
 
     Args:
         seed: deals tasks into folds, and seeds a graphsage trained here.
+        epochs: training epochs of a graphsage trained here.
         json_path: also write the scores (and per-fold scores) to this JSON file.
         command: the command line recorded in that file.
         console: where the cross-validation progress bar is drawn (default: stderr).
@@ -225,20 +227,31 @@ def eval_predictor(
         One row per predictor (plus the paper's reference rows when ``K >= 3``).
 
     Raises:
-        ValueError: an unknown app, predictor or text source, a predictor that lacks an
-            input, or ``folds`` combined with a checkpoint or training traces.
+        ValueError: an unknown app, predictor, text encoder or text source, a predictor
+            that lacks an input, ``graphsage-notext`` for a model trained here without
+            text, or ``folds`` combined with a checkpoint or training traces.
     """
     from pbkv.examples import get_app
-    from pbkv.predictor.crossval import cross_validate, predictor_builder
+    from pbkv.predictor.crossval import check_predictor_names, cross_validate, predictor_builder
     from pbkv.predictor.dataset import TEXT_SOURCES
+    from pbkv.predictor.text import text_encoder_names
 
     if text_source not in TEXT_SOURCES:
         raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
+    if text_encoder is not None and text_encoder not in text_encoder_names():
+        known = ", ".join(text_encoder_names())
+        raise ValueError(f"unknown text encoder {text_encoder!r}; known text encoders: {known}")
+    check_predictor_names(predictors)
+    if "graphsage-notext" in predictors and checkpoint is None and text_encoder is None:
+        raise ValueError(
+            "graphsage-notext withholds the text, but a graphsage trained here without a "
+            "text encoder has none: it would equal graphsage; name a text encoder"
+        )
     source: TextSource = "step" if text_source == "step" else "task"
     spec = get_app(app)
     graph = CallGraph(spec.agents, spec.edges)
     records = [r for r in _read(traces) if r.steps]
-    train = _train_config(seed)
+    train = _train_config(seed, epochs)
     fold_rows: list[dict[str, object]] = []
     if folds:
         if checkpoint is not None or train_traces is not None:
@@ -247,7 +260,7 @@ def eval_predictor(
                 "drop the checkpoint and training traces"
             )
         console = console or Console(stderr=True)
-        with _progress(console) as bar:
+        with _progress(console, transient=True) as bar:
             task = bar.add_task(f"{folds}-fold cross-validation", total=folds, loss="")
             result = cross_validate(
                 records,
@@ -259,6 +272,7 @@ def eval_predictor(
                 text_encoder=text_encoder,
                 text_source=source,
                 train=train,
+                smoothing=markov_smoothing,
                 on_fold=lambda n: bar.update(task, completed=n),
             )
         scores = list(result.pooled)
@@ -292,17 +306,22 @@ def eval_predictor(
     return scores_table(scores, title=title, paper=horizon >= 3)
 
 
-def _train_config(seed: int) -> TrainConfig:
+def _train_config(seed: int, epochs: int) -> TrainConfig:
     from pbkv.predictor.train import TrainConfig
 
-    return TrainConfig(seed=seed)
+    return TrainConfig(seed=seed, epochs=epochs)
 
 
 def _score_dict(score: ForecastScores) -> dict[str, object]:
+    """JSON-ready scores; a step with no scored pair is ``null`` (strict JSON has no NaN)."""
+
+    def values(array: np.ndarray) -> list[float | None]:
+        return [None if np.isnan(v) else float(v) for v in array]
+
     return {
         "predictor": score.name,
-        "top1": [float(v) for v in score.top1],
-        "end_brier": [float(v) for v in score.end_brier],
+        "top1": values(score.top1),
+        "end_brier": values(score.end_brier),
         "pairs": [int(v) for v in score.pairs],
     }
 
@@ -467,7 +486,7 @@ def _trace_table(title: str, files: dict[str, list[TraceRecord]]) -> Table:
     return table
 
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, *, transient: bool = False) -> Progress:
     return Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -475,4 +494,5 @@ def _progress(console: Console) -> Progress:
         TimeElapsedColumn(),
         TextColumn("{task.fields[loss]}"),
         console=console,
+        transient=transient,
     )

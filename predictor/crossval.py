@@ -20,7 +20,7 @@ import numpy as np
 from pbkv.predictor.base import Forecaster
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.dataset import TextSource, task_folds
-from pbkv.predictor.registry import make_forecaster
+from pbkv.predictor.registry import forecaster_names, make_forecaster
 from pbkv.predictor.scoring import ForecastScores, score_forecaster
 from pbkv.predictor.trace import TraceRecord
 
@@ -30,6 +30,20 @@ if TYPE_CHECKING:
 
 LEARNED = ("graphsage", "graphsage-notext")
 """Predictor names trained per fold: the model, and the same model with text withheld."""
+
+
+def check_predictor_names(names: Sequence[str]) -> None:
+    """Fail before any fitting on a name no predictor has.
+
+    Raises:
+        ValueError: no names, or an unknown one (the message lists the known ones).
+    """
+    if not names:
+        raise ValueError("no predictors given")
+    known = (*forecaster_names(), *LEARNED[1:])
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown predictor {name!r}; known: {', '.join(sorted(known))}")
 
 
 def pool_scores(scores: Sequence[ForecastScores]) -> ForecastScores:
@@ -64,15 +78,18 @@ class CrossValidation:
     folds: tuple[tuple[ForecastScores, ...], ...]
     fold_traces: tuple[int, ...]
 
-    def wins(self, name: str, baseline: str) -> np.ndarray:
-        """Return, per step ``k``, in how many folds ``name``'s top-1 beats ``baseline``'s.
+    def wins(self, name: str, baseline: str) -> tuple[np.ndarray, np.ndarray]:
+        """Return, per step ``k``, in how many folds ``name``'s top-1 beats ``baseline``'s,
+        and in how many folds step ``k`` was scored at all.
 
         Raises:
-            KeyError: a name that was not scored.
+            ValueError: a name that was not scored.
         """
         names = [s.name for s in self.pooled]
         a, b = names.index(name), names.index(baseline)
-        return np.sum([fold[a].top1 > fold[b].top1 for fold in self.folds], axis=0)
+        beats = np.sum([fold[a].top1 > fold[b].top1 for fold in self.folds], axis=0)
+        scored = np.sum([fold[a].pairs > 0 for fold in self.folds], axis=0)
+        return beats, scored
 
 
 def cross_validate(
@@ -86,6 +103,7 @@ def cross_validate(
     text_encoder: str | None = None,
     text_source: TextSource = "task",
     train: TrainConfig | None = None,
+    smoothing: float = 0.0,
     on_fold: Callable[[int], None] | None = None,
 ) -> CrossValidation:
     """Score ``predictors`` by ``folds``-fold cross-validation over the tasks of ``records``.
@@ -104,12 +122,14 @@ def cross_validate(
         horizon: ``K``.
         text_encoder / text_source: graphsage's text input (``None``: none).
         train: graphsage's fit settings (default :class:`~pbkv.predictor.train.TrainConfig`).
+        smoothing: ``markov*``'s additive pseudo-count.
         on_fold: called with the 1-based fold number after each fold.
 
     Raises:
-        ValueError: as :func:`~pbkv.predictor.dataset.task_folds` or
-            :func:`~pbkv.predictor.registry.make_forecaster`.
+        ValueError: as :func:`check_predictor_names`, :func:`~pbkv.predictor.dataset.task_folds`
+            or :func:`~pbkv.predictor.registry.make_forecaster`.
     """
+    check_predictor_names(predictors)
     records = [r for r in records if r.steps]
     per_fold: list[tuple[ForecastScores, ...]] = []
     sizes = []
@@ -122,6 +142,7 @@ def cross_validate(
             text_encoder=text_encoder,
             text_source=text_source,
             train=train,
+            smoothing=smoothing,
         )
         scores = [score_forecaster(build(name), held_out, horizon=horizon) for name in predictors]
         per_fold.append(tuple(scores))
@@ -178,7 +199,7 @@ def predictor_builder(
                     traces=fit_on,
                     graph=graph,
                     checkpoint=checkpoint,
-                    text_encoder=text_encoder,
+                    text_encoder=None if checkpoint else text_encoder,  # a checkpoint's own
                     text_source=text_source,
                     **({} if train is None else {"train": train}),
                 )

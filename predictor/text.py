@@ -139,14 +139,17 @@ class MiniLMEncoder:
     """
 
     name = "minilm"
-    cache_name = "minilm-last256"
-    """Disk-cache namespace: vectors of the earlier keep-the-start truncation are not
-    reused."""
     dim = 384
 
     def __init__(self, batch_size: int = 32, max_tokens: int = 256) -> None:
         self.batch_size = batch_size
         self.max_tokens = max_tokens
+
+    @property
+    def cache_name(self) -> str:
+        """Disk-cache namespace: one per truncation (vectors of the earlier keep-the-start
+        truncation are not reused)."""
+        return f"minilm-last{self.max_tokens}"
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Embed each text; shape ``(len(texts), 384)``, float32.

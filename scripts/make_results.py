@@ -126,6 +126,10 @@ def headline(data: Path) -> list[str]:
     return out
 
 
+def _num(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def predictor_section(data: Path) -> list[str]:
     """Top-1 per step for every predictor JSON (``pbkv eval-predictor --json``)."""
     out: list[str] = []
@@ -134,6 +138,8 @@ def predictor_section(data: Path) -> list[str]:
         if "scores" not in run:
             continue
         scores = run["scores"]
+        if not scores:
+            continue
         k = len(scores[0]["top1"])
         folds = run.get("folds") or []
         how = (
@@ -154,9 +160,10 @@ def predictor_section(data: Path) -> list[str]:
         ]
         for s in scores:
             pairs = sum(s["pairs"])
-            brier = sum(b * n for b, n in zip(s["end_brier"], s["pairs"], strict=True)) / pairs
-            cells = " | ".join(f"{v:.3f}" for v in s["top1"])
-            out.append(f"| {s['predictor']} | {cells} | {brier:.4f} |")
+            scored = zip(s["end_brier"], s["pairs"], strict=True)
+            brier = sum(b * n for b, n in scored if n) / pairs if pairs else None
+            cells = " | ".join("-" if v is None else f"{v:.3f}" for v in s["top1"])
+            out.append(f"| {s['predictor']} | {cells} | {_num(brier, 4)} |")
         if k >= 3:
             for name, top1 in PAPER_TOP1.items():
                 cells = " | ".join(f"{v:.3f}" for v in top1) + " | -" * (k - 3)
@@ -165,16 +172,12 @@ def predictor_section(data: Path) -> list[str]:
             names = [s["predictor"] for s in scores]
             if "graphsage" in names and "markov-1" in names:
                 g, m = names.index("graphsage"), names.index("markov-1")
-                wins = [
-                    sum(f["scores"][g]["top1"][i] > f["scores"][m]["top1"][i] for f in folds)
-                    for i in range(k)
-                ]
-                out += [
-                    "",
-                    "Folds where graphsage beats markov-1, per step: "
-                    + ", ".join(f"k={i + 1}: {w}/{len(folds)}" for i, w in enumerate(wins))
-                    + ".",
-                ]
+                tally = []
+                for i in range(k):
+                    pairs = [f["scores"] for f in folds if f["scores"][g]["pairs"][i]]
+                    wins = sum(f[g]["top1"][i] > f[m]["top1"][i] for f in pairs)
+                    tally.append(f"k={i + 1}: {wins}/{len(pairs)}")
+                out += ["", f"Folds where graphsage beats markov-1, per step: {', '.join(tally)}."]
         out.append("")
     timing = load(data, "predictor-latency.json")
     if timing:
@@ -183,7 +186,8 @@ def predictor_section(data: Path) -> list[str]:
             f"- **Forecast latency**: {timing['median_ms']:.1f} ms median (p10 "
             f"{timing['p10_ms']:.1f}, p90 {timing['p90_ms']:.1f}) for a batch of "
             f"{timing['batch']} states on {timing['threads']} CPU thread(s), "
-            f"{timing['parameters']:,} parameters (paper: {PAPER_FORECAST_MS} ms on GPU).",
+            f"{timing['parameters']:,} parameters (paper: {PAPER_FORECAST_MS} ms for "
+            "1,024 states on GPU).",
             f"- **Training**: {facts.get('fit_s', float('nan')):.1f} s for "
             f"{facts.get('traces', '?')} traces, {facts.get('epochs', '?')} epochs "
             f"(best epoch {facts.get('best_epoch', '?')}); text embedding "

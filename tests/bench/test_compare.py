@@ -107,3 +107,39 @@ def test_graphsage_predictor_runs_in_the_bench_with_markov_fallback():
     assert [f.name for f in chain] == ["graphsage", "markov-1"]
     results, _ = compare_policies(config)
     assert results[0].predictor == "graphsage" and results[0].kv.score_refreshed_nodes > 0
+
+
+def test_same_seed_same_figures_in_separate_processes(tmp_path):
+    """Memory addresses and string hashes differ between processes; the figures must
+    not. (τ-bench's tool latencies make agents wake at the same virtual instant, which
+    trio orders by ``id()`` unless deterministic scheduling is on.)"""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    runs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"run{hash_seed}.json"
+        args = "--app taubench --workflows 40 --concurrency 16 --policies pbkv"
+        subprocess.run(
+            [sys.executable, "-m", "pbkv.cli", "bench", *args.split(), "--json", str(out)],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
+        results = json.loads(out.read_text())["results"]
+        runs.append([{k: v for k, v in r.items() if k != "wall_s"} for r in results])
+    assert runs[0] == runs[1]
+
+
+def test_seed_scheduler_turns_on_trios_deterministic_scheduling():
+    import trio._core._run as trio_run
+
+    from pbkv.runtime import seed_scheduler
+
+    seed_scheduler(3)
+    assert trio_run._ALLOW_DETERMINISTIC_SCHEDULING is True
+    first = trio_run._r.random()
+    seed_scheduler(3)
+    assert trio_run._r.random() == first

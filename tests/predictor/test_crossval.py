@@ -67,7 +67,10 @@ def test_cross_validation_matches_fitting_each_fold_by_hand():
     assert result.pooled[0].pairs[0] == sum(len(r.steps) for r in records)
     np.testing.assert_allclose(result.pooled[1].top1, 1.0)  # the oracle reads each fold
     assert sum(result.fold_traces) == 30 and len(result.folds) == 3
-    assert result.wins("oracle", "markov-1").tolist() == [3, 3, 3]
+    beats, scored = result.wins("oracle", "markov-1")
+    assert beats.tolist() == [3, 3, 3] and scored.tolist() == [3, 3, 3]
+    with pytest.raises(ValueError, match="unknown predictor 'lstm'; known: .*graphsage-notext"):
+        cross_validate(records, graph, ["markov-1", "lstm"], folds=3)
 
 
 def test_graphsage_is_trained_per_fold_and_reused_without_text(tmp_path, monkeypatch):

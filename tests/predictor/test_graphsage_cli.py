@@ -60,6 +60,12 @@ def test_eval_names_what_is_missing(tmp_path):
     traces = tmp_path / "t.jsonl"
     trace_generate("codegen", 3, 0, traces)
     with pytest.raises(ValueError, match="'graphsage-notext' needs a checkpoint or training"):
-        eval_predictor("codegen", traces, ["graphsage-notext"])
-    with pytest.raises(ValueError, match="unknown forecaster 'lstm'"):
+        eval_predictor("codegen", traces, ["graphsage-notext"], text_encoder="hashing")
+    with pytest.raises(ValueError, match="without a text encoder has none"):
+        eval_predictor("codegen", traces, ["graphsage-notext"], train_traces=traces)
+    with pytest.raises(ValueError, match="unknown predictor 'lstm'"):
         eval_predictor("codegen", traces, ["lstm"])
+    with pytest.raises(ValueError, match="unknown text encoder 'bert'"):
+        eval_predictor("codegen", traces, ["markov-1"], text_encoder="bert")
+    with pytest.raises(ValueError, match="no predictors given"):
+        eval_predictor("codegen", traces, [])
