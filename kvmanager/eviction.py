@@ -72,6 +72,23 @@ class EvictionIndex:
                 return node
         return None
 
+    def peek_min(self) -> Node | None:
+        """Return the candidate with the smallest priority, leaving it in the index.
+
+        Mutates: drops the stale entries and non-candidates it passes, as
+        :meth:`pop_min` does.
+        """
+        while self._heap:
+            _, _, version, node = self._heap[0]
+            if self._version.get(node.serial) != version:
+                heapq.heappop(self._heap)
+                continue
+            if self._is_candidate(node):
+                return node
+            heapq.heappop(self._heap)
+            del self._version[node.serial]
+        return None
+
     def _compact(self) -> None:
         live = [e for e in self._heap if self._version.get(e[3].serial) == e[2]]
         heapq.heapify(live)

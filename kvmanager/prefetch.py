@@ -20,7 +20,10 @@ class Prefetcher:
     Modes (``policy.prefetch``): ``conservative`` (§5.4): budget ``S = min(S_a, S_bw)``,
     ``S_a`` free GPU space plus retired cache (the only cache it may displace), ``S_bw``
     the blocks the host link moves in a step; candidates are host-only nodes below the
-    GPU frontier, best next-step value first (the k=1 term of the score).
+    GPU frontier, best next-step value first (the k=1 term of the score). When the GPU
+    is full and holds no retired cache, nothing can be loaded and the frontier is not
+    scanned (the usual state under pressure; retired cache must sort first in the
+    policy's key, as in ``pbkv``'s).
     ``aggressive`` may also displace active cache that the policy ranks below the
     candidate. ``next-fixed`` (KVFlow) loads the fixed prefixes of agents one step from
     running, displacing only what its own order ranks below them.
@@ -62,7 +65,7 @@ class Prefetcher:
         if self.policy.prefetch == "none" or self.bytes_per_block <= 0:
             return []
         budget = int(self.bandwidth_bytes_per_s * step_s / self.bytes_per_block)
-        if budget <= 0:
+        if budget <= 0 or self._nothing_to_displace():
             return []
         loads: list[LoadTransfer] = []
         values = ((self._value(n), n) for n in self._frontier())
@@ -84,6 +87,15 @@ class Prefetcher:
                     if v > 0:
                         heapq.heappush(heap, (-v, child.serial, child))
         return loads
+
+    def _nothing_to_displace(self) -> bool:
+        """Conservative mode with a full GPU and no retired cache on it: no candidate can
+        get room, so the frontier need not be scanned (the policy's key puts retired
+        cache first, so some is displaceable exactly when the first candidate is)."""
+        if self.policy.prefetch != "conservative" or self.tree.gpu.num_free > 0:
+            return False
+        lowest = self.tree.lowest_candidate("gpu")
+        return lowest is None or not lowest.retired
 
     def _value(self, node: Node) -> float:
         if self.kvflow is not None:

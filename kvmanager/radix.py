@@ -429,6 +429,13 @@ class RadixTree:
             freed += self._evict_gpu(node) if tier == "gpu" else self._evict_host(node)
         return freed
 
+    def lowest_candidate(self, tier: Tier) -> Node | None:
+        """Return the node :meth:`evict` would take first from ``tier`` (``None``: none).
+
+        Mutates: nothing the caller can observe (stale index entries are dropped).
+        """
+        return self._index[tier].peek_min()
+
     def _evict_gpu(self, node: Node) -> int:
         blocks = node.gpu_blocks
         assert blocks is not None

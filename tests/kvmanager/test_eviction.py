@@ -132,3 +132,19 @@ def test_a_late_request_does_not_revive_a_terminated_workflow(clock):
     run(mgr, clock, [10, 11], "w", "coder")  # arrives after termination
     assert "w" not in mgr.scores.active_workflows
     assert mgr.tree.match_prefix([10]).node.retired
+
+
+def test_peek_min_shows_what_pop_min_takes_and_keeps_it():
+    from pbkv.kvmanager.eviction import EvictionIndex
+    from pbkv.kvmanager.node import Node
+
+    nodes = [Node([i], None, "", serial=i) for i in range(4)]
+    alive = {0, 2, 3}
+    index = EvictionIndex(lambda n: (n.keys[0] % 2,), lambda n: n.serial in alive)
+    for node in nodes:
+        index.update(node)
+    assert index.peek_min() is nodes[0] and index.peek_min() is nodes[0]
+    alive.discard(0)
+    assert index.peek_min() is nodes[2]  # node 0 is no longer a candidate
+    assert index.pop_min() is nodes[2] and index.pop_min() is nodes[3]
+    assert index.peek_min() is None  # node 1 (priority 1) is not a candidate either

@@ -11,15 +11,20 @@ def test_prefetch_only_into_free_or_retired_space(clock):
     run(mgr, clock, [1, 2], "w", "coder")
     run(mgr, clock, [5, 6, 7, 8], "w", "tester")  # pushes the coder's [1,2] to host
     assert mgr.tree.match_prefix([1, 2]).host_blocks == 2
-    # GPU is full of active cache: conservative prefetch must not displace it
+    # GPU is full of active cache: conservative prefetch must not displace it, and does
+    # not even scan the frontier for candidates
+    scanned = []
+    frontier = mgr.prefetcher._frontier
+    mgr.prefetcher._frontier = lambda: scanned.append(1) or frontier()
     assert mgr.plan_prefetch(step_s=1.0) == []
+    assert scanned == []
     mgr.on_workflow_started("old")
     mgr.on_workflow_terminated("w")  # now the tester's blocks are retired
     mgr.on_workflow_started("w2")
     mgr.on_forecast("w2", forecast(coder=1.0), AGENTS)
     mgr.scores.touch(mgr.tree.match_prefix([1, 2]).path, "w2", "coder")
     loads = mgr.plan_prefetch(step_s=1.0)
-    assert [load.num_blocks for load in loads] == [2]
+    assert [load.num_blocks for load in loads] == [2] and scanned == [1]
     assert mgr.tree.counters.evicted_retired_blocks == 2
     assert mgr.tree.counters.evicted_active_blocks == 2  # only the earlier demand eviction
     mgr.complete_load(loads[0], ok=True)
