@@ -10,7 +10,7 @@ from typing import Generic, Protocol, TypeVar
 import trio
 
 from pbkv.engines.admission import Waiting, admit_fcfs
-from pbkv.engines.base import GenerateRequest, GenerateResult
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
 from pbkv.kvmanager import Admission, KVManager, block_keys
 from pbkv.runtime.clock import now_s
 
@@ -50,10 +50,32 @@ class OwnedCacheEngine(Generic[E]):
         self._wake = trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the scheduler loop until cancelled."""
+        """Run the scheduler loop until cancelled.
+
+        However the loop ends (cancelled, or a step raised), every request still queued
+        or running fails with :class:`EngineError` and in-flight loads are abandoned, so
+        no lease or block outlives the loop: a supervisor may restart the engine over
+        the same KV manager (§10).
+        """
         task_status.started()
-        while True:
-            await self._step()
+        try:
+            while True:
+                await self._step()
+        finally:
+            self._fail_all(EngineError("engine stopped"))
+
+    def _fail_all(self, error: EngineError) -> None:
+        """Fail every queued and running request with ``error``; abandon in-flight loads."""
+        for entry in [*self._running, *self._waiting]:
+            if not entry.done.is_set():
+                self._fail(entry, error)
+        self._running.clear()
+        self._waiting.clear()
+        self._abandon_loads()
+
+    def _abandon_loads(self) -> None:
+        """Fail the loads still in flight (``complete_load(ok=False)``)."""
+        raise NotImplementedError
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue ``request`` and wait for its result.

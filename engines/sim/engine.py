@@ -214,6 +214,11 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             del self._pending_loads[load]
             self.kv.complete_load(load, ok=True)
 
+    def _abandon_loads(self) -> None:
+        for load in list(self._pending_loads):
+            del self._pending_loads[load]
+            self.kv.complete_load(load, ok=False)
+
     def _loads_done(self, entry: _Entry) -> bool:
         assert entry.admission is not None
         return not any(load in self._pending_loads for load in entry.admission.loads)

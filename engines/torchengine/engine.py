@@ -369,11 +369,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         entry.cache = None
         super()._fail(entry, error)
 
-    def _fail_all(self, error: EngineError) -> None:
-        for entry in [*self._running, *self._waiting]:
-            self._fail(entry, error)
-        self._running.clear()
-        self._waiting.clear()
+    def _abandon_loads(self) -> None:
+        self._abandon_copies(())
 
     def _abandon_copies(self, copies: Sequence[BlockCopy]) -> None:
         """After a failed step: fail the loads that did not land and forget host copies

@@ -254,3 +254,33 @@ def test_same_inputs_give_identical_figures():
     results, _, kv = first
     assert len(results) == 10
     assert kv.cached_gpu_tokens > 0  # the shared preamble is reused
+
+
+async def test_a_cancelled_engine_fails_its_requests_and_leaves_no_lease(autojump_clock):
+    """Cancelled mid-load (a host reload in flight): the caller gets EngineError and the
+    tree holds no lease or private block, so an engine restarted over it starts clean."""
+    engine = make_engine(gpu_blocks=80)
+    errors = []
+
+    async def caller(req):
+        try:
+            await engine.generate(req)
+        except EngineError as exc:
+            errors.append(str(exc))
+
+    async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
+        await nursery.start(engine.run)
+        for rid, base in (("a", 0), ("b", 10_000), ("c", 20_000)):
+            await engine.generate(request(rid, prompt(base)))  # a's tail goes to host
+        outer.start_soon(caller, request("a2", prompt(0)))  # reloads a's tail
+        await trio.sleep(COST.transfer_s(BYTES_PER_BLOCK))  # the reload is in flight
+        assert engine._pending_loads
+        nursery.cancel_scope.cancel()
+    assert errors == ["engine stopped"]
+    assert not engine._pending_loads
+    assert_no_leases(engine)
+    assert not any(n.loading for n in engine.kv.tree.nodes())
+    async with running(engine):  # restarted over the same KV manager
+        again = await engine.generate(request("a3", prompt(0)))
+    assert again.cached_gpu_tokens + again.cached_host_tokens > 0
+    assert_no_leases(engine)
