@@ -424,6 +424,12 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         default="task",
         help="embed the task text, or each step's newest context text (falls back to the task)",
     )
+    train.add_argument(
+        "--members",
+        type=_positive_int,
+        default=3,
+        help="models trained (seeds seed..seed+members-1) and averaged: a deep ensemble",
+    )
     train.add_argument("--seed", type=int, default=0, help="random seed")
     train.set_defaults(run=_run_train)
 
@@ -475,6 +481,12 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument(
         "--epochs", type=_positive_int, default=30, help="epochs of a graphsage trained here"
+    )
+    ev.add_argument(
+        "--members",
+        type=_positive_int,
+        default=3,
+        help="ensemble members of a graphsage trained here (as pbkv train)",
     )
     ev.add_argument(
         "--seed", type=int, default=0, help="fold deal and seed of a graphsage trained here"
@@ -545,6 +557,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
             text_encoder=encoder,
             text_source=args.text_source,
             seed=args.seed,
+            members=args.members,
             console=console,
         )
     )
@@ -588,6 +601,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
             text_source=args.text_source,
             seed=args.seed,
             epochs=args.epochs,
+            members=args.members,
             json_path=args.json_path,
             console=Console(stderr=True),
             command=command_line(args.argv),

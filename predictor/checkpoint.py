@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,12 @@ from safetensors.torch import load_file, save_file
 
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.features import AGENT_STATISTICS, reachability_masks, successor_edges
-from pbkv.predictor.graphsage import GraphSageConfig, GraphSageModel
+from pbkv.predictor.graphsage import (
+    AnyGraphSage,
+    GraphSageConfig,
+    GraphSageEnsemble,
+    GraphSageModel,
+)
 
 FORMAT = "pbkv-graphsage"
 CHECKPOINT_VERSION = 1
@@ -62,7 +67,7 @@ class CheckpointInfo:
 
 
 def save_checkpoint(
-    folder: str | os.PathLike[str], model: GraphSageModel, info: CheckpointInfo
+    folder: str | os.PathLike[str], model: AnyGraphSage, info: CheckpointInfo
 ) -> Path:
     """Write ``model`` and its sidecar into ``folder`` (created if needed).
 
@@ -96,7 +101,7 @@ def save_checkpoint(
     return path
 
 
-def load_checkpoint(location: str | os.PathLike[str]) -> tuple[GraphSageModel, CheckpointInfo]:
+def load_checkpoint(location: str | os.PathLike[str]) -> tuple[AnyGraphSage, CheckpointInfo]:
     """Read a checkpoint written by :func:`save_checkpoint`.
 
     Args:
@@ -119,15 +124,20 @@ def load_checkpoint(location: str | os.PathLike[str]) -> tuple[GraphSageModel, C
     info = _read_sidecar(sidecar_path)
     graph = info.graph
     state = load_file(str(weights_path))
-    stats = state.get("agent_stats")
+    prefix = "members.0." if info.config.members > 1 else ""
+    stats = state.get(f"{prefix}agent_stats")
     if stats is None:
-        raise CheckpointError(f"{weights_path}: no 'agent_stats' tensor")
-    model = GraphSageModel(
-        info.config,
-        successor_edges(graph),
-        np.zeros(tuple(stats.shape), dtype=np.float32),
-        reachability_masks(graph, info.config.horizon),
-    )
+        raise CheckpointError(f"{weights_path}: no '{prefix}agent_stats' tensor")
+    members = [
+        GraphSageModel(
+            replace(info.config, members=1),
+            successor_edges(graph),
+            np.zeros(tuple(stats.shape), dtype=np.float32),
+            reachability_masks(graph, info.config.horizon),
+        )
+        for _ in range(info.config.members)
+    ]
+    model: AnyGraphSage = members[0] if len(members) == 1 else GraphSageEnsemble(members)
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

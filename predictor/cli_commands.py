@@ -86,6 +86,7 @@ def train(
     batch_size: int = 256,
     learning_rate: float = 2e-3,
     val_fraction: float = 0.1,
+    members: int = 1,
     console: Console | None = None,
 ) -> Table:
     """Train a GraphSAGE forecaster for ``app`` on ``traces`` and write a checkpoint to ``out``.
@@ -95,6 +96,8 @@ def train(
         traces: training traces (JSONL); bad lines are skipped with a warning.
         out: checkpoint folder (``graphsage.safetensors`` + ``graphsage.json``).
         epochs / batch_size / learning_rate / val_fraction / seed: fit settings.
+        members: models trained and averaged (a deep ensemble; see
+            :class:`~pbkv.predictor.train.TrainConfig`).
         horizon: ``K``.
         text_encoder: text encoder name, or ``None`` to train without ``h_txt``.
         text_source: what the encoder embeds per state: ``task`` (the task text) or
@@ -137,13 +140,16 @@ def train(
         learning_rate=learning_rate,
         val_fraction=val_fraction,
         seed=seed,
+        members=members,
     )
     with _progress(console) as bar:
-        task = bar.add_task("training graphsage", total=epochs, loss="")
+        task = bar.add_task("training graphsage", total=epochs * members, loss="")
 
         def on_epoch(report: EpochReport) -> None:
             loss = f"train {report.train_loss:.4f}  val {report.val_loss:.4f}"
-            bar.update(task, completed=report.epoch, loss=loss)
+            if report.members > 1:
+                loss = f"member {report.member + 1}/{report.members}  {loss}"
+            bar.update(task, completed=report.member * epochs + report.epoch, loss=loss)
 
         result = fit_graphsage(
             records,
@@ -160,6 +166,8 @@ def train(
         "examples": result.examples,
         "epochs": epochs,
         "best_epoch": result.best_epoch,
+        "members": members,
+        "best_epochs": list(result.best_epochs),
         "train_loss": best.train_loss,
         "val_loss": best.val_loss,
         "fit_s": round(result.elapsed_s, 2),
@@ -201,6 +209,7 @@ def eval_predictor(
     text_source: str = "task",
     seed: int = 0,
     epochs: int = 30,
+    members: int = 1,
     json_path: PathLike | None = None,
     console: Console | None = None,
     command: str = "",
@@ -218,7 +227,8 @@ def eval_predictor(
 
     Args:
         seed: deals tasks into folds, and seeds a graphsage trained here.
-        epochs: training epochs of a graphsage trained here.
+        epochs / members: training epochs and ensemble members of a graphsage trained
+            here.
         json_path: also write the scores (and per-fold scores) to this JSON file.
         command: the command line recorded in that file.
         console: where the cross-validation progress bar is drawn (default: stderr).
@@ -251,7 +261,7 @@ def eval_predictor(
     spec = get_app(app)
     graph = CallGraph(spec.agents, spec.edges)
     records = [r for r in _read(traces) if r.steps]
-    train = _train_config(seed, epochs)
+    train = _train_config(seed, epochs, members)
     fold_rows: list[dict[str, object]] = []
     if folds:
         if checkpoint is not None or train_traces is not None:
@@ -306,10 +316,10 @@ def eval_predictor(
     return scores_table(scores, title=title, paper=horizon >= 3)
 
 
-def _train_config(seed: int, epochs: int) -> TrainConfig:
+def _train_config(seed: int, epochs: int, members: int) -> TrainConfig:
     from pbkv.predictor.train import TrainConfig
 
-    return TrainConfig(seed=seed, epochs=epochs)
+    return TrainConfig(seed=seed, epochs=epochs, members=members)
 
 
 def _score_dict(score: ForecastScores) -> dict[str, object]:

@@ -22,7 +22,7 @@ from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.checkpoint import load_checkpoint
 from pbkv.predictor.dataset import TEXT_SOURCES, TextSource, embed_texts, example_texts, state_text
 from pbkv.predictor.features import encode_paths
-from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
+from pbkv.predictor.graphsage import AnyGraphSage, GraphSageBatch, GraphSageConfig
 from pbkv.predictor.text import TextEncoder, make_text_encoder
 from pbkv.predictor.trace import TraceRecord
 from pbkv.predictor.train import TrainConfig, fit_graphsage
@@ -30,7 +30,8 @@ from pbkv.predictor.vocab import agent_index
 
 
 class GraphSageForecaster:
-    """Forecast with a trained :class:`GraphSageModel`.
+    """Forecast with a trained :class:`~pbkv.predictor.graphsage.GraphSageModel` (or an
+    ensemble of them).
 
     Args:
         model: the trained model (put in eval mode).
@@ -52,7 +53,7 @@ class GraphSageForecaster:
 
     def __init__(
         self,
-        model: GraphSageModel,
+        model: AnyGraphSage,
         agents: Sequence[str],
         *,
         horizon: int | None = None,

@@ -18,7 +18,13 @@ import torch
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.dataset import Examples, build_examples, task_group
 from pbkv.predictor.features import agent_statistics, reachability_masks, successor_edges
-from pbkv.predictor.graphsage import GraphSageBatch, GraphSageConfig, GraphSageModel
+from pbkv.predictor.graphsage import (
+    AnyGraphSage,
+    GraphSageBatch,
+    GraphSageConfig,
+    GraphSageEnsemble,
+    GraphSageModel,
+)
 from pbkv.predictor.trace import TraceRecord
 
 
@@ -35,6 +41,8 @@ class TrainConfig:
             works when a state comes without one.
         val_fraction: share of tasks (:func:`~pbkv.predictor.dataset.task_group`) held
             out to choose the best epoch; 0 keeps the last.
+        members: models fitted (member ``i`` with seed ``seed + i``) and averaged as a
+            deep ensemble; sets the model's ``config.members``.
         seed: initialisation, shuffling and split seed.
         threads: torch intra-op threads during the fit (restored after). One is the
             default: the model is small, and on a shared 2-core machine more threads
@@ -47,12 +55,13 @@ class TrainConfig:
     weight_decay: float = 0.05
     text_dropout: float = 0.3
     val_fraction: float = 0.1
+    members: int = 1
     seed: int = 0
     threads: int = 1
 
     def __post_init__(self) -> None:
-        if self.epochs < 1 or self.batch_size < 1 or self.threads < 1:
-            raise ValueError("epochs, batch_size and threads must be >= 1")
+        if min(self.epochs, self.batch_size, self.threads, self.members) < 1:
+            raise ValueError("epochs, batch_size, threads and members must be >= 1")
         if not 0.0 <= self.text_dropout <= 1.0:
             raise ValueError(f"text_dropout must be in [0, 1], got {self.text_dropout}")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -62,13 +71,16 @@ class TrainConfig:
 @dataclass(frozen=True, slots=True)
 class EpochReport:
     """One epoch's losses (mean cross-entropy per labelled step); ``val_loss`` is nan
-    without a validation split."""
+    without a validation split. ``member`` is the 0-based ensemble member being fitted
+    (of ``members``)."""
 
     epoch: int
     epochs: int
     train_loss: float
     val_loss: float
     elapsed_s: float
+    member: int = 0
+    members: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,26 +89,29 @@ class TrainResult:
 
     Args:
         model: the weights of the best epoch (lowest validation loss, else the last), in
-            eval mode.
-        history: one report per epoch.
-        best_epoch: 1-based epoch whose weights were kept.
-        examples: training examples (prefixes) used, validation excluded.
+            eval mode; with ``config.members > 1`` an ensemble of such members.
+        history: one report per epoch (of every member, in order).
+        best_epoch: 1-based epoch whose weights were kept (of the first member).
+        examples: training examples (prefixes) used, validation excluded (first member).
         elapsed_s: wall time of the fit, features and text vectors excluded.
+        best_epochs: the kept epoch of every member.
     """
 
-    model: GraphSageModel
+    model: AnyGraphSage
     history: tuple[EpochReport, ...]
     best_epoch: int
     examples: int
     elapsed_s: float
+    best_epochs: tuple[int, ...] = ()
 
 
 def build_model(
     graph: CallGraph, records: Sequence[TraceRecord], config: GraphSageConfig
 ) -> GraphSageModel:
-    """Return an untrained model over ``graph`` with statistics from ``records``."""
+    """Return an untrained model (one member) over ``graph`` with statistics from
+    ``records``."""
     return GraphSageModel(
-        config,
+        replace(config, members=1),
         successor_edges(graph),
         agent_statistics(graph, records),
         reachability_masks(graph, config.horizon),
@@ -119,7 +134,8 @@ def fit_graphsage(
     Args:
         records: finished workflows over ``graph``'s agents.
         graph: the app's call graph (its agent order is the column order).
-        config: model sizes; ``text_dim`` is set from ``text_vectors``.
+        config: model sizes; ``text_dim`` is set from ``text_vectors`` and ``members``
+            from ``train``.
         train: optimiser settings.
         text_vectors: one task-text vector per record, shape ``(len(records), D)``, or
             ``None`` to train without ``h_txt``.
@@ -137,10 +153,7 @@ def fit_graphsage(
             graph.validate_path(record.agents)
     vectors = text_vectors if example_text_vectors is None else example_text_vectors
     text_dim = 0 if vectors is None else int(vectors.shape[1])
-    config = replace(config, text_dim=text_dim)
-    torch.manual_seed(train.seed)
-    rng = np.random.default_rng(train.seed)
-    model = build_model(graph, records, config)
+    config = replace(config, text_dim=text_dim, members=train.members)
     examples = build_examples(
         records,
         graph.agents,
@@ -154,13 +167,40 @@ def fit_graphsage(
     if len(examples) == 0:
         raise ValueError("no trace has a step to learn from")
     tasks = np.asarray([task_group(r) for r in records])[examples.trace]
-    fit_rows, val_rows = _split(tasks, train.val_fraction, rng)
     threads = torch.get_num_threads()
     torch.set_num_threads(train.threads)
+    results, models = [], []
     try:
-        return _fit(model, examples, fit_rows, val_rows, train, rng, on_epoch)
+        for member in range(config.members):
+            seed = train.seed + member  # members differ in init, shuffling and val split
+            torch.manual_seed(seed)
+            rng = np.random.default_rng(seed)
+            model = build_model(graph, records, config)
+            fit_rows, val_rows = _split(tasks, train.val_fraction, rng)
+            report = on_epoch
+            if on_epoch is not None and config.members > 1:
+                report = _tag_member(on_epoch, member, config.members)
+            results.append(_fit(model, examples, fit_rows, val_rows, train, rng, report))
+            models.append(model)  # _fit left the member's best weights in it
     finally:
         torch.set_num_threads(threads)
+    if len(results) == 1:
+        return replace(results[0], best_epochs=(results[0].best_epoch,))
+    first = results[0]
+    return TrainResult(
+        GraphSageEnsemble(models).eval(),
+        tuple(h for r in results for h in r.history),
+        first.best_epoch,
+        first.examples,
+        sum(r.elapsed_s for r in results),
+        tuple(r.best_epoch for r in results),
+    )
+
+
+def _tag_member(
+    on_epoch: Callable[[EpochReport], None], member: int, members: int
+) -> Callable[[EpochReport], None]:
+    return lambda report: on_epoch(replace(report, member=member, members=members))
 
 
 def _split(

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from dataclasses import replace
 
 import msgspec
 import numpy as np
@@ -269,3 +270,38 @@ def test_the_validation_split_holds_out_whole_tasks():
     fit, val = _split(tasks, 0.2, np.random.default_rng(0))
     assert len(val) == 8 and len(fit) == 32
     assert set(tasks[fit]).isdisjoint(tasks[val])
+
+
+def test_an_ensemble_averages_its_members_and_survives_a_checkpoint(make_record, tmp_path):
+    from pbkv.predictor.graphsage import GraphSageEnsemble
+
+    traces = cycle_traces(make_record, 8)
+    reports = []
+    result = fit_graphsage(
+        traces, CYCLE, config=TINY, train=replace(FAST, members=2), on_epoch=reports.append
+    )
+    model = result.model
+    assert isinstance(model, GraphSageEnsemble) and model.config.members == 2
+    assert [(r.member, r.members) for r in reports[:1] + reports[-1:]] == [(0, 2), (1, 2)]
+    assert len(result.history) == 80 and len(result.best_epochs) == 2
+    single = fit_graphsage(traces, CYCLE, config=TINY, train=FAST).model
+    assert model.parameter_count() == 2 * single.parameter_count()
+    batch = batch_of([("A",), ("A", "B", "C", "D")], 0, [False, False])
+    with torch.inference_mode():
+        members = [m.probabilities(batch) for m in model.members]
+        torch.testing.assert_close(model.probabilities(batch), (members[0] + members[1]) / 2)
+        torch.testing.assert_close(torch.softmax(model(batch), -1), model.probabilities(batch))
+    assert not torch.equal(members[0], members[1])  # different seeds, different members
+
+    forecaster = GraphSageForecaster(model, AGENTS)
+    np.testing.assert_array_equal(score_forecaster(forecaster, traces).top1, [1.0, 1.0, 1.0])
+    edges = (("A", "B"), ("B", "C"), ("C", "D"), ("D", "A"), ("D", END))
+    save_checkpoint(tmp_path / "ens", model, CheckpointInfo("demo", AGENTS, edges, model.config))
+    loaded = GraphSageForecaster.from_checkpoint(tmp_path / "ens")
+    assert isinstance(loaded.model, GraphSageEnsemble)
+    states = [WorkflowState("w", "demo", ("A", "B"), "")]
+    np.testing.assert_allclose(loaded.forecast(states), forecaster.forecast(states), atol=1e-6)
+    with pytest.raises(ValueError, match="at least one member"):
+        GraphSageEnsemble([])
+    with pytest.raises(ValueError, match="members must be >= 1"):
+        TrainConfig(members=0)
