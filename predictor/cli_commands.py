@@ -306,9 +306,13 @@ def eval_predictor(
         scores = [score_forecaster(build(name), records, horizon=horizon) for name in predictors]
         title = f"{app}: {len(records)} held-out traces"
     if json_path is not None:
+        if checkpoint is not None:
+            config = _sidecar(checkpoint).get("config")
+            members = config.get("members", 1) if isinstance(config, dict) else 1
         document = {
             "command": command,
             "app": app,
+            "graphsage_members": members,
             "scores": [_score_dict(s) for s in scores],
             "folds": fold_rows,
         }

@@ -153,6 +153,8 @@ def predictor_section(data: Path) -> list[str]:
             if folds
             else "held-out traces"
         )
+        if "graphsage_members" in run:
+            how += f"; graphsage: {run['graphsage_members']} member(s)"
         out += [
             f"### `{path.stem}`: {run['app']}, {how}",
             "",
@@ -194,9 +196,11 @@ def predictor_section(data: Path) -> list[str]:
             f"{timing['parameters']:,} parameters (paper: {PAPER_FORECAST_MS} ms for "
             "1,024 states on GPU).",
             f"- **Training**: {facts.get('fit_s', float('nan')):.1f} s for "
-            f"{facts.get('traces', '?')} traces, {facts.get('epochs', '?')} epochs "
-            f"(best epoch {facts.get('best_epoch', '?')}); text embedding "
-            f"{facts.get('text_embedding_s', float('nan')):.1f} s (cached per text).",
+            f"{facts.get('traces', '?')} traces, {facts.get('members', 1)} member(s) x "
+            f"{facts.get('epochs', '?')} epochs (best epochs "
+            f"{', '.join(str(e) for e in facts.get('best_epochs', [facts.get('best_epoch')]))}); "
+            f"text embedding {facts.get('text_embedding_s', float('nan')):.1f} s (cached per "
+            "text).",
             "",
         ]
     return out

@@ -50,4 +50,4 @@ def test_predictor_section_comes_from_eval_and_bench_json(tmp_path, monkeypatch)
     assert "| oracle | 1.000 | 1.000 | 1.000 |" in text
     assert "`pbkv eval-predictor --app codegen" in text
     assert "for a batch of 8 states on 1 CPU thread(s)" in text
-    assert "for 12 traces, 1 epochs" in text
+    assert "for 12 traces, 1 member(s) x 1 epochs" in text
