@@ -413,24 +413,8 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--app", required=True, help=APP_HELP)
     train.add_argument("--traces", required=True, help="training traces (JSONL)")
     train.add_argument("--out", required=True, help="checkpoint folder")
-    train.add_argument("--epochs", type=_positive_int, default=30, help="training epochs")
     train.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
-    train.add_argument(
-        "--text-encoder", default="smollm2", help="smollm2, minilm, hashing or none (no h_txt)"
-    )
-    train.add_argument(
-        "--text-source",
-        choices=("task", "step"),
-        default="task",
-        help="embed the task text, or each step's newest context text (falls back to the task)",
-    )
-    train.add_argument(
-        "--members",
-        type=_positive_int,
-        default=1,
-        help="models trained (seeds seed..seed+members-1) and averaged, a deep ensemble: "
-        "steadier and more accurate on small trace sets, members x the forecast cost",
-    )
+    _add_fit_arguments(train, "")
     train.add_argument("--seed", type=int, default=0, help="random seed")
     train.set_defaults(run=_run_train)
 
@@ -441,7 +425,9 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         description="Score forecasters on held-out traces (--traces with --checkpoint and/or "
         "--train-traces), or cross-validate them by task over one trace file (--folds). "
         "Predictors: markov, markov-1..3, graphsage, graphsage-notext (its text withheld), "
-        "oracle, uniform.",
+        "oracle, uniform. graphsage is trained here with --folds, or with --train-traces "
+        "and no --checkpoint (--text-encoder ... --members set that fit; a checkpoint keeps "
+        "its own); with --text-encoder none, graphsage-notext is refused.",
     )
     ev.add_argument("--app", required=True, help=APP_HELP)
     ev.add_argument(
@@ -467,28 +453,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         help="cross-validate over the tasks of --traces with this many folds (>= 2); every "
         "predictor is trained on the other folds (0: --traces are held out)",
     )
-    ev.add_argument(
-        "--text-encoder",
-        default="smollm2",
-        help="text encoder of a graphsage trained here (--folds, or --train-traces without "
-        "--checkpoint): smollm2, minilm, hashing or none (then graphsage-notext is the same "
-        "model, and is refused); a checkpoint uses its own",
-    )
-    ev.add_argument(
-        "--text-source",
-        choices=("task", "step"),
-        default="task",
-        help="what a graphsage trained here embeds: the task text or each step's newest text",
-    )
-    ev.add_argument(
-        "--epochs", type=_positive_int, default=30, help="epochs of a graphsage trained here"
-    )
-    ev.add_argument(
-        "--members",
-        type=_positive_int,
-        default=1,
-        help="ensemble members of a graphsage trained here (as pbkv train)",
-    )
+    _add_fit_arguments(ev, ", for a graphsage trained here")
     ev.add_argument(
         "--seed", type=int, default=0, help="fold deal and seed of a graphsage trained here"
     )
@@ -634,6 +599,30 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
 
 
 APP_HELP = "app: codegen, hover, swebench, financebench or taubench"
+
+
+def _add_fit_arguments(parser: argparse.ArgumentParser, scope: str) -> None:
+    """Add the GraphSAGE fit options (``scope`` ends each help text: whose fit)."""
+    parser.add_argument(
+        "--text-encoder",
+        default="smollm2",
+        help=f"smollm2, minilm, hashing or none (no h_txt){scope}",
+    )
+    parser.add_argument(
+        "--text-source",
+        choices=("task", "step"),
+        default="task",
+        help=f"embed the task text, or each step's newest context text (falling back to the "
+        f"task){scope}",
+    )
+    parser.add_argument("--epochs", type=_positive_int, default=30, help=f"training epochs{scope}")
+    parser.add_argument(
+        "--members",
+        type=_positive_int,
+        default=1,
+        help="models trained (seeds seed..seed+members-1) and averaged, a deep ensemble: "
+        f"steadier and more accurate on small trace sets, members x the forecast cost{scope}",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
