@@ -540,10 +540,11 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
         raise ValueError(f"--folds must be 0 (off) or >= 2, got {args.folds}")
     if args.folds and (args.checkpoint or args.train_traces):
         raise ValueError("--folds trains on --traces itself; drop --checkpoint/--train-traces")
-    if args.checkpoint and (args.text_encoder != "smollm2" or args.text_source != "task"):
+    fit = (args.text_encoder, args.text_source, args.epochs, args.members)
+    if args.checkpoint and fit != ("smollm2", "task", 30, 1):
         raise ValueError(
-            "--text-encoder/--text-source configure a graphsage trained here; "
-            "a --checkpoint embeds text as its sidecar says"
+            "--text-encoder/--text-source/--epochs/--members configure a graphsage trained "
+            "here; a --checkpoint keeps what its sidecar says"
         )
     if learned and not args.folds and args.checkpoint is None and args.train_traces is None:
         raise ValueError(

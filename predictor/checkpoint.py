@@ -124,6 +124,12 @@ def load_checkpoint(location: str | os.PathLike[str]) -> tuple[AnyGraphSage, Che
     info = _read_sidecar(sidecar_path)
     graph = info.graph
     state = load_file(str(weights_path))
+    held = len({key.split(".")[1] for key in state if key.startswith("members.")}) or 1
+    if held != info.config.members:
+        raise CheckpointError(
+            f"{sidecar_path} declares {info.config.members} ensemble member(s); "
+            f"{weights_path} holds {held}"
+        )
     prefix = "members.0." if info.config.members > 1 else ""
     stats = state.get(f"{prefix}agent_stats")
     if stats is None:

@@ -159,7 +159,7 @@ def train(
             **inputs,
             on_epoch=on_epoch,
         )
-    best = result.history[result.best_epoch - 1]
+    best = result.history[result.best_epoch - 1]  # the first member's kept epoch
     facts = {
         "traces_file": str(Path(traces).resolve()),
         "traces": len(records),
@@ -168,8 +168,9 @@ def train(
         "best_epoch": result.best_epoch,
         "members": members,
         "best_epochs": list(result.best_epochs),
-        "train_loss": best.train_loss,
-        "val_loss": best.val_loss,
+        # losses of the first member's kept epoch (on its own validation tasks)
+        "train_loss" if members == 1 else "member1_train_loss": best.train_loss,
+        "val_loss" if members == 1 else "member1_val_loss": best.val_loss,
         "fit_s": round(result.elapsed_s, 2),
         "text_embedding_s": round(encode_s, 2),
         "seed": seed,
@@ -306,13 +307,14 @@ def eval_predictor(
         scores = [score_forecaster(build(name), records, horizon=horizon) for name in predictors]
         title = f"{app}: {len(records)} held-out traces"
     if json_path is not None:
+        learned = any(name.startswith("graphsage") for name in predictors)
         if checkpoint is not None:
             config = _sidecar(checkpoint).get("config")
             members = config.get("members", 1) if isinstance(config, dict) else 1
         document = {
             "command": command,
             "app": app,
-            "graphsage_members": members,
+            "graphsage_members": members if learned else None,
             "scores": [_score_dict(s) for s in scores],
             "folds": fold_rows,
         }

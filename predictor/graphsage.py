@@ -66,6 +66,8 @@ class GraphSageConfig:
 
     def __post_init__(self) -> None:
         for name in ("horizon", "agent_dim", "hidden_dim", "mlp_dim", "members"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_prefix", "max_positions", "attention_heads", "text_proj_dim"):
@@ -332,8 +334,8 @@ class GraphSageEnsemble(nn.Module):
 
     def __init__(self, members: Sequence[GraphSageModel]) -> None:
         super().__init__()
-        if not members:
-            raise ValueError("an ensemble needs at least one member")
+        if len(members) < 2:
+            raise ValueError(f"an ensemble needs at least two members, got {len(members)}")
         first = members[0]
         for member in members[1:]:
             if replace(member.config, members=1) != replace(first.config, members=1) or not (

@@ -153,7 +153,7 @@ def predictor_section(data: Path) -> list[str]:
             if folds
             else "held-out traces"
         )
-        if "graphsage_members" in run:
+        if run.get("graphsage_members"):
             how += f"; graphsage: {run['graphsage_members']} member(s)"
         out += [
             f"### `{path.stem}`: {run['app']}, {how}",

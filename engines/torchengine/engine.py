@@ -279,7 +279,11 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         try:
             done = await trio.to_thread.run_sync(self._execute, plan)
         except BaseException as exc:
-            self._fail_all(EngineError(f"engine step failed: {type(exc).__name__}: {exc}"))
+            stopped = isinstance(exc, trio.Cancelled)
+            message = (
+                "engine stopped" if stopped else f"engine step failed: {type(exc).__name__}: {exc}"
+            )
+            self._fail_all(EngineError(message))
             self._abandon_copies(plan.copies)
             raise
         for item in self._inflight:
@@ -370,6 +374,12 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         super()._fail(entry, error)
 
     def _abandon_loads(self) -> None:
+        # Copies already issued on the copy stream will land in their blocks whatever
+        # happens: wait for them and mark them resident, so no block is handed out again
+        # while a copy still writes into it. The rest never ran: fail them.
+        for item in [i for i in self._inflight if i.done is not None]:
+            item.done.wait()
+        self._complete_loads()
         self._abandon_copies(())
 
     def _abandon_copies(self, copies: Sequence[BlockCopy]) -> None:

@@ -55,6 +55,11 @@ class CopyDone:
         """Return whether every copy of the batch has landed. Does not block."""
         return self._event is None or bool(self._event.query())
 
+    def wait(self) -> None:
+        """Block until every copy of the batch has landed."""
+        if self._event is not None:
+            self._event.synchronize()
+
 
 class PagedKVPools:
     """The device and host KV pools of one engine.

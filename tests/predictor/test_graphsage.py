@@ -301,7 +301,19 @@ def test_an_ensemble_averages_its_members_and_survives_a_checkpoint(make_record,
     assert isinstance(loaded.model, GraphSageEnsemble)
     states = [WorkflowState("w", "demo", ("A", "B"), "")]
     np.testing.assert_allclose(loaded.forecast(states), forecaster.forecast(states), atol=1e-6)
-    with pytest.raises(ValueError, match="at least one member"):
-        GraphSageEnsemble([])
+    with pytest.raises(ValueError, match="at least two members, got 1"):
+        GraphSageEnsemble([single])
+    import json
+
+    sidecar = tmp_path / "ens" / "graphsage.json"
+    raw = json.loads(sidecar.read_text())
+    raw["config"]["members"] = 3
+    sidecar.write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="declares 3 ensemble member.*holds 2"):
+        GraphSageForecaster.from_checkpoint(tmp_path / "ens")
+    raw["config"]["members"] = 2.0
+    sidecar.write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match="members must be an integer"):
+        GraphSageForecaster.from_checkpoint(tmp_path / "ens")
     with pytest.raises(ValueError, match="members must be >= 1"):
         TrainConfig(members=0)
