@@ -124,11 +124,27 @@ def headline(data: Path) -> list[str]:
             f"- **Noise sweep**: conservative prefetch minus he, worst case over λ: "
             f"{100 * worst:+.2f} pp GPU hit; {aggressive}."
         )
+    for name in ("predictor-taubench-cv-members3.json", "predictor-codegen.json"):
+        run = load(data, name)
+        rows = {r["predictor"]: r["top1"] for r in (run or {}).get("scores", [])}
+        if "graphsage" in rows and "markov-1" in rows:
+
+            def cells(top1: list) -> str:
+                return " / ".join("-" if v is None else f"{v:.3f}" for v in top1)
+
+            out.append(
+                f"- **Predictor, {run['app']}** (`{Path(name).stem}`): graphsage top-1 at "
+                f"k = 1..K {cells(rows['graphsage'])} vs markov-1 {cells(rows['markov-1'])}."
+            )
     horizon = load(data, "sweep-horizon-hover.json")
     if horizon:
         best = max(horizon["points"], key=lambda p: by_policy(p)["pbkv"]["gpu_hit_rate"])
         out.append(f"- **Horizon sweep**: pbkv's GPU hit rate peaks at K = {best['value']:g}.")
     return out
+
+
+def _steps(top1: list[float | None]) -> str:
+    return " / ".join(_num(v, 3) for v in top1)
 
 
 def _num(value: float | None, digits: int) -> str:
