@@ -130,8 +130,8 @@ class MiniLMEncoder:
 
     A text longer than ``max_tokens`` word pieces keeps its *last* ones, as
     :class:`SmolLM2Encoder` does: a context tail's newest message is what says where the
-    workflow goes next (on τ-bench, keeping the end instead of the start lifts k = 3
-    top-1 by about 0.006 over 5 folds; see ``docs/results.md``).
+    workflow goes next (in a 5-fold τ-bench cross-validation, one seed, keeping the end
+    instead of the start moved graphsage's k = 3 top-1 from 0.638 to 0.644).
 
     Args:
         batch_size: texts per forward pass.
