@@ -5,23 +5,43 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import trio
 
-from pbkv.engines.admission import Waiting, admit_fcfs
+from pbkv.engines.admission import admit_fcfs
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
 from pbkv.kvmanager import Admission, KVManager, block_keys
 from pbkv.runtime.clock import now_s
 
 
-class Queued(Waiting, Protocol):
-    """A request's state as the shell sees it."""
+@dataclass(eq=False)
+class Queued:
+    """A request's state as the shell sees it; each engine extends it with its own.
 
-    admission: Admission | None
-    done: trio.Event
-    result: GenerateResult | None
-    error: BaseException | None
+    Args:
+        request: what was asked.
+        keys: the prompt's block keys.
+        submit_s: when it was queued.
+        done: set once ``result`` or ``error`` is.
+        admission: the KV manager's admission, once admitted.
+        admit_s / first_token_s: when it was admitted, and produced its first token.
+    """
+
+    request: GenerateRequest
+    keys: list[int]
+    submit_s: float
+    done: trio.Event = field(default_factory=trio.Event)
+    admission: Admission | None = None
+    admit_s: float = 0.0
+    first_token_s: float = 0.0
+    result: GenerateResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
 
 
 E = TypeVar("E", bound=Queued)
@@ -30,8 +50,8 @@ E = TypeVar("E", bound=Queued)
 class OwnedCacheEngine(Generic[E]):
     """Queue requests, admit them in order, and hand each caller its result.
 
-    Subclasses implement one scheduler step (:meth:`_step`), build their per-request
-    state (:meth:`_new_entry`, a :class:`Queued`) and take an admitted request in
+    Subclasses implement one scheduler step (:meth:`_step`), name their per-request
+    state (``entry_type``, a :class:`Queued`) and take an admitted request in
     (:meth:`_start`).
 
     Args:
@@ -40,6 +60,7 @@ class OwnedCacheEngine(Generic[E]):
     """
 
     owns_cache = True
+    entry_type: type[E]
 
     def __init__(self, kv: KVManager, max_batch_size: int) -> None:
         self.kv = kv
@@ -129,7 +150,7 @@ class OwnedCacheEngine(Generic[E]):
         raise NotImplementedError
 
     def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> E:
-        raise NotImplementedError
+        return self.entry_type(request, keys, submit_s)
 
     def _start(self, entry: E, admission: Admission) -> None:
         raise NotImplementedError

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
 from pbkv.engines.base import GenerateRequest, GenerateResult
-from pbkv.engines.owned import OwnedCacheEngine
+from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.kvmanager import Admission, KVManager, LoadTransfer, block_keys
 from pbkv.runtime.clock import now_s
@@ -52,22 +52,9 @@ class SimStatistics:
 
 
 @dataclass(eq=False)
-class _Entry:
-    request: GenerateRequest
-    keys: list[int]
-    submit_s: float
-    done: trio.Event = field(default_factory=trio.Event)
-    admission: Admission | None = None
-    admit_s: float = 0.0
+class _Entry(Queued):
     prefill_pos: int = 0
-    first_token_s: float = 0.0
     generated: int = 0
-    result: GenerateResult | None = None
-    error: BaseException | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
 
 
 class SimEngine(OwnedCacheEngine[_Entry]):
@@ -79,6 +66,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         config: scheduler limits.
     """
 
+    entry_type = _Entry
     has_hidden_state = False
 
     def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
@@ -131,9 +119,6 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     async def _idle(self) -> None:
         await self._wait_for_work(min(self._pending_loads.values(), default=math.inf))
-
-    def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> _Entry:
-        return _Entry(request, keys, submit_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission

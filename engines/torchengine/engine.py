@@ -35,7 +35,7 @@ import torch.nn.functional as F
 import trio
 
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
-from pbkv.engines.owned import OwnedCacheEngine
+from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
 from pbkv.kvmanager import (
@@ -138,16 +138,9 @@ def make_kv_config(
 
 
 @dataclass(eq=False)
-class _Entry:
+class _Entry(Queued):
     """A request's state. The worker thread writes ``cache``..``finished`` during a step."""
 
-    request: GenerateRequest
-    keys: list[int]
-    submit_s: float
-    done: trio.Event = field(default_factory=trio.Event)
-    admission: Admission | None = None
-    admit_s: float = 0.0
-    first_token_s: float = 0.0
     private: list[int] = field(default_factory=list)  # the admission's reserved blocks
     used_private: int = 0  # leading private blocks already written
     stored_blocks: int = 0  # leading sequence blocks held in the tree or written
@@ -157,12 +150,6 @@ class _Entry:
     output: list[int] = field(default_factory=list)
     hidden: np.ndarray | None = None
     finished: bool = False
-    result: GenerateResult | None = None
-    error: BaseException | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
 
     @property
     def prefilled(self) -> bool:
@@ -211,6 +198,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         ValueError: ``kv.config.bytes_per_block`` is set and is not the model's.
     """
 
+    entry_type = _Entry
     has_hidden_state = True
 
     def __init__(
@@ -301,9 +289,6 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             await trio.sleep(0.0005)
             return
         await self._wait_for_work()
-
-    def _new_entry(self, request: GenerateRequest, keys: list[int], submit_s: float) -> _Entry:
-        return _Entry(request, keys, submit_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
