@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pbkv.predictor.base import Forecaster, WorkflowState
-from pbkv.predictor.trace import END, TraceRecord
-from pbkv.predictor.vocab import agent_index, check_path
+from pbkv.predictor.base import Forecaster
+from pbkv.predictor.scoring import score_forecaster
+from pbkv.predictor.trace import TraceRecord
 
 
 def top1_accuracy(
@@ -35,32 +35,4 @@ def top1_accuracy(
     Raises:
         ValueError: a bad ``horizon``, or as ``forecaster.forecast``.
     """
-    horizon = forecaster.horizon if horizon is None else horizon
-    if not 1 <= horizon <= forecaster.horizon:
-        raise ValueError(f"horizon must be 1 to {forecaster.horizon}, got {horizon}")
-    columns = agent_index(forecaster.agents)
-    hits = np.zeros(horizon)
-    scored = np.zeros(horizon)
-    for record in records:
-        path = record.agents
-        if not path:
-            continue
-        check_path(columns, path)
-        states = [
-            WorkflowState(
-                record.task_id,
-                record.app,
-                path[:t],
-                record.task_text,
-                context_tail=record.steps[t - 1].context_tail,
-            )
-            for t in range(1, len(path) + 1)
-        ]
-        predicted = forecaster.forecast(states)[:, :horizon].argmax(axis=-1)
-        labels = [columns[a] for a in path] + [columns[END]]
-        for t in range(1, len(path) + 1):
-            for k in range(min(horizon, len(path) + 1 - t)):
-                scored[k] += 1
-                hits[k] += predicted[t - 1, k] == labels[t + k]
-    with np.errstate(invalid="ignore"):
-        return hits / scored
+    return score_forecaster(forecaster, list(records), horizon=horizon).top1

@@ -1,8 +1,8 @@
 """Held-out scores of a forecaster: top-1 accuracy per step and END calibration (§6, §9).
 
-Pairs are scored exactly as :func:`~pbkv.predictor.evaluation.top1_accuracy` does (every
-prefix of every trace, step ``t+k`` only while the trace is alive before it, ties to the
-lower column), but all prefixes go to the forecaster in large batches.
+Every prefix of every trace is scored, step ``t+k`` only while the trace is alive before
+it, ties to the lower column; all prefixes go to the forecaster in large batches.
+:func:`~pbkv.predictor.evaluation.top1_accuracy` is its top-1 part.
 """
 
 from __future__ import annotations
