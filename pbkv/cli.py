@@ -538,8 +538,6 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
     learned = [n for n in names if n.startswith("graphsage")]
     if args.folds == 1 or args.folds < 0:
         raise ValueError(f"--folds must be 0 (off) or >= 2, got {args.folds}")
-    if args.folds and (args.checkpoint or args.train_traces):
-        raise ValueError("--folds trains on --traces itself; drop --checkpoint/--train-traces")
     fit = (args.text_encoder, args.text_source, args.epochs, args.members)
     if args.checkpoint and fit != ("smollm2", "task", 30, 1):
         raise ValueError(

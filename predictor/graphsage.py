@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 import torch
@@ -344,13 +344,12 @@ class GraphSageEnsemble(nn.Module):
             ):
                 raise ValueError("ensemble members must share sizes and call graph")
         self.members = nn.ModuleList(members)
-        self._models = list(members)
         self.config = replace(first.config, members=len(members))
 
     @property
     def agent_stats(self) -> torch.Tensor:
         """``(|V|, F)``: the first member's role-prompt statistics."""
-        return self._models[0].agent_stats
+        return self._member_models()[0].agent_stats
 
     def probabilities(self, batch: GraphSageBatch) -> torch.Tensor:
         """Return the members' mean distribution per step.
@@ -358,11 +357,14 @@ class GraphSageEnsemble(nn.Module):
         Shapes:
             ``(B, K, |V|+1)``, rows summing to 1.
         """
-        return torch.stack([m.probabilities(batch) for m in self._models]).mean(dim=0)
+        return torch.stack([m.probabilities(batch) for m in self._member_models()]).mean(dim=0)
 
     def forward(self, batch: GraphSageBatch) -> torch.Tensor:
         """Return the log of :meth:`probabilities` (``(B, K, |V|+1)``)."""
         return torch.log(self.probabilities(batch).clamp_min(1e-30))
+
+    def _member_models(self) -> list[GraphSageModel]:
+        return [cast(GraphSageModel, m) for m in self.members]
 
     def parameter_count(self) -> int:
         """Return the number of trainable parameters over all members."""

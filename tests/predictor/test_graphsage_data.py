@@ -133,8 +133,12 @@ def test_scores_match_top1_accuracy_and_an_exact_brier(make_record):
     records = [make_record("A", "B"), make_record("A", "B", "A", "B")]
     markov = MarkovForecaster(["A", "B"], horizon=3, graph=graph).fit(records)
     scores = score_forecaster(markov, records, batch_size=2)
+    # batches of 2 and one batch of all states score alike
     np.testing.assert_allclose(scores.top1, top1_accuracy(markov, records))
     assert scores.pairs.tolist() == [6, 4, 2]
+    # k=1 by hand: after A comes B (3 of 3); after B, END (2 of 3) is predicted, so only
+    # the second trace's B -> A is missed
+    assert scores.top1[0] == pytest.approx(5 / 6)
 
     uniform = score_forecaster(UniformForecaster(["A", "B"], horizon=1), records)
     # 6 pairs with P[END] = 1/3: two END labels, four agent labels
