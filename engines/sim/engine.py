@@ -158,6 +158,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             entry.generated += 1
             self._decode_tokens += 1
         for entry in [e for e in self._running if e.first_token_s]:
+            if entry.request.on_token is not None:
+                self._stream(entry, _output_tokens(entry.request)[: entry.generated])
             if entry.generated >= entry.request.max_new_tokens:
                 self._finish(entry, now)
 
