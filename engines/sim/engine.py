@@ -68,6 +68,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     entry_type = _Entry
     has_hidden_state = False
+    samples_tokens = False  # emits each request's scripted output (replies are simulated)
 
     def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()

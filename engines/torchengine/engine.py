@@ -202,6 +202,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     entry_type = _Entry
     has_hidden_state = True
+    samples_tokens = True
 
     def __init__(
         self, kv: KVManager, model: PreTrainedModel, config: TorchEngineConfig | None = None
