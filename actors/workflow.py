@@ -27,13 +27,18 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class WorkflowOutcome:
-    """How one workflow went: its end reason, timings and per-invocation results."""
+    """How one workflow went: its end reason, timings and per-invocation results.
+
+    ``path`` is the agents it ran, in order; ``error`` what ended it with ``error``.
+    """
 
     workflow_id: str
     reason: TerminationReason
     start_s: float
     end_s: float
     results: tuple[GenerateResult, ...] = field(default=())
+    path: tuple[str, ...] = ()
+    error: str = ""
 
     @property
     def latency_s(self) -> float:

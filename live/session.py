@@ -395,7 +395,7 @@ class WorkflowSession:
         segments = self._segments(prompt)
         scripted: tuple[int, ...] = ()
         if not self.runtime.samples_tokens:
-            scripted = self._scripted(simulated, max_new_tokens)
+            scripted = scripted_output(self.runtime.chat, simulated, max_new_tokens)
             max_new_tokens = len(scripted)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         if prompt_tokens == 0:
@@ -443,19 +443,29 @@ class WorkflowSession:
             return tuple(prompt)  # type: ignore[arg-type]
         return chat.segments(prompt)  # type: ignore[arg-type]
 
-    def _scripted(self, simulated: Simulated | None, max_new_tokens: int) -> tuple[int, ...]:
-        """Return the output ids the sim engine emits for this call."""
-        chat = self.runtime.chat
-        if simulated is not None and simulated.token_ids is not None:
-            if not simulated.token_ids:
-                raise ValueError("simulated.token_ids must not be empty")
-            return tuple(simulated.token_ids)
-        text = simulated.text if simulated is not None else ""
-        wanted = simulated.output_tokens if simulated is not None else max_new_tokens
-        body = chat.encode(text) if text else ()
-        stop = chat.encode(chat.stop_text)
-        filler = max(0, wanted - len(body) - len(stop))
-        return body + _filler_ids(chat) * filler + stop
+
+def scripted_output(
+    chat: ChatFormat, simulated: Simulated | None, max_new_tokens: int
+) -> tuple[int, ...]:
+    """Return the output ids the sim engine emits for a call.
+
+    ``simulated.token_ids`` as given; else its text, padded with filler to its
+    ``output_tokens`` (or to ``max_new_tokens`` without a simulated reply), then the
+    end-of-turn marker.
+
+    Raises:
+        ValueError: ``simulated.token_ids`` is empty.
+    """
+    if simulated is not None and simulated.token_ids is not None:
+        if not simulated.token_ids:
+            raise ValueError("simulated.token_ids must not be empty")
+        return tuple(simulated.token_ids)
+    text = simulated.text if simulated is not None else ""
+    wanted = simulated.output_tokens if simulated is not None else max_new_tokens
+    body = chat.encode(text) if text else ()
+    stop = chat.encode(chat.stop_text)
+    filler = max(0, wanted - len(body) - len(stop))
+    return body + _filler_ids(chat) * filler + stop
 
 
 def _filler_ids(chat: ChatFormat) -> tuple[int, ...]:
