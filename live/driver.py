@@ -22,10 +22,10 @@ import trio
 from pbkv.actors.events import TerminationReason
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.engines.base import EngineError, GenerateResult, Sampling
+from pbkv.engines.base import GenerateResult, Sampling
 from pbkv.live.chat import ChatFormat
 from pbkv.live.graph import END, AgentNode, App, LiveTask, State, ToolNode, ToolResult, Turn
-from pbkv.live.session import Reply, Runtime, Simulated, scripted_output
+from pbkv.live.session import CallFailed, Reply, Runtime, Simulated, scripted_output
 from pbkv.runtime import now_s
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class Caller(Protocol):
         sampling: Sampling,
         simulated: Simulated | None,
         context_tail: str,
+        step: int | None,
     ) -> Reply: ...
 
     async def sleep(self, seconds: float) -> None:
@@ -120,7 +121,7 @@ async def execute(run: _Run) -> TerminationReason:
     """Run ``run.app`` on ``run.state`` superstep by superstep; return the end reason.
 
     Raises:
-        EngineError: a call failed past its agent's retries.
+        CallFailed: a call failed past its agent's retries.
         ValueError: a router returned a node it did not declare.
         Exception: whatever a router, prompt builder or tool raised.
     """
@@ -171,6 +172,7 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
     if node.simulate is not None and not run.caller.samples_tokens:
         simulated = node.simulate(run.state)
     last = run.state.last
+    step: int | None = None
     for attempt in range(node.max_retries + 1):
         try:
             reply = await run.caller.call(
@@ -180,11 +182,13 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
                 sampling=node.sampling,
                 simulated=simulated,
                 context_tail=last.text if last is not None else run.state.task.text,
+                step=step,
             )
-        except EngineError as exc:
+        except CallFailed as exc:
             if attempt == node.max_retries:
                 raise
             log.warning("workflow %s: %s failed (%s); retrying", run.state.workflow_id, name, exc)
+            step = exc.step
             continue
         run.replies.append(reply)
         run.path.append(name)
@@ -308,6 +312,7 @@ class _DryRun:
         max_new_tokens: int,
         simulated: Simulated | None,
         context_tail: str,
+        step: int | None = None,
         **_: Any,
     ) -> Reply:
         output = scripted_output(self.chat, simulated, max_new_tokens)
@@ -403,6 +408,7 @@ async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutco
 
 async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | None:
     simulated = Simulated(token_ids=step.output_token_ids)
+    repeat: int | None = None
     for _ in range(retries + 1):
         try:
             return await session.call(
@@ -411,9 +417,11 @@ async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | No
                 max_new_tokens=max(1, step.output_tokens),
                 simulated=simulated,
                 context_tail=step.context_tail,
+                step=repeat,
             )
-        except EngineError as exc:
+        except CallFailed as exc:
             log.warning("workflow %s step %s failed: %s", session.workflow_id, step.agent, exc)
+            repeat = exc.step
     return None
 
 

@@ -55,6 +55,14 @@ class Overloaded(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class CallFailed(EngineError):
+    """The engine failed a call; ``step`` is the step to pass back when retrying it."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class WorkflowEnded(RuntimeError):
     """A call was made on a workflow session that has already ended."""
 
@@ -334,6 +342,7 @@ class WorkflowSession:
         sampling: Sampling = GREEDY,
         simulated: Simulated | None = None,
         context_tail: str = "",
+        step: int | None = None,
     ) -> Reply:
         """Call ``agent`` on ``prompt`` and return its reply.
 
@@ -346,12 +355,14 @@ class WorkflowSession:
             simulated: the reply on an engine that samples no text (sim); real engines
                 ignore it. Without it the sim emits ``max_new_tokens`` filler tokens.
             context_tail: the newest text in the context, for text-reading predictors.
+            step: the step this call repeats (a retry after :class:`CallFailed`, whose
+                ``step`` it is); default the workflow's next step.
 
         Raises:
             ValueError / TypeError: bad arguments; ``PromptTooLong`` past the context.
             WorkflowEnded: the session has ended.
             Overloaded: too many calls in flight in the runtime.
-            EngineError: the engine failed the request.
+            CallFailed: the engine failed the request (an ``EngineError``).
         """
         async with self.stream(
             agent,
@@ -360,6 +371,7 @@ class WorkflowSession:
             sampling=sampling,
             simulated=simulated,
             context_tail=context_tail,
+            step=step,
             _stream=False,
         ) as stream:
             async for _ in stream:
@@ -376,6 +388,7 @@ class WorkflowSession:
         sampling: Sampling = GREEDY,
         simulated: Simulated | None = None,
         context_tail: str = "",
+        step: int | None = None,
         _stream: bool = True,
     ) -> ReplyStream:
         """Call ``agent`` and stream its reply: ``async with wf.stream(...) as s``.
@@ -412,6 +425,7 @@ class WorkflowSession:
             gap_s,
             context_tail,
             _stream,
+            step,
         )
 
     async def end(self, reason: TerminationReason = "end") -> None:
@@ -491,6 +505,7 @@ class ReplyStream:
         gap_s: float,
         context_tail: str,
         streaming: bool,
+        step: int | None = None,
     ) -> None:
         self.session = session
         self.agent = agent
@@ -503,6 +518,7 @@ class ReplyStream:
         self.streaming = streaming
         self.reply: Reply | None = None
         self.step = -1
+        self._retry_step = step
         self._tokens, self._receive = trio.open_memory_channel[int | InvocationDone](math.inf)
         self._decoder = IncrementalDecoder(session.runtime.chat.decode)
         self._invocation = ""
@@ -576,7 +592,7 @@ class ReplyStream:
 
     async def _submit(self) -> None:
         session, rt = self.session, self.session.runtime
-        self.step = next(session._steps)
+        self.step = next(session._steps) if self._retry_step is None else self._retry_step
         session._agents.setdefault(self.agent, None)
         self._invocation = f"{session.workflow_id}/{self.step}"
         self._agent_ref = await rt._agent(self.agent)
@@ -617,7 +633,7 @@ class ReplyStream:
         session, rt = self.session, self.session.runtime
         rt.calls_in_flight -= 1
         if done.error is not None:
-            raise EngineError(f"{self.agent} (step {self.step}): {done.error}")
+            raise CallFailed(f"{self.agent} (step {self.step}): {done.error}", self.step)
         result: GenerateResult = done.result
         at = now_s()
         hidden = None if result.hidden is None else result.hidden.tolist()
