@@ -106,7 +106,7 @@ class OwnedCacheEngine(Generic[E]):
             EngineError: the request can never fit in the GPU tier, or the engine failed.
         """
         self._validate(request)
-        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
+        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size, request.namespace)
         entry = self._new_entry(request, keys, now_s())
         self._waiting.append(entry)
         self._wake.set()
