@@ -146,6 +146,9 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     def _advance(self, chunks: list[tuple[_Entry, int]], decoding: list[_Entry]) -> None:
         now = now_s()
+        # a request cancelled during the step has already left, its blocks released
+        chunks = [(e, n) for e, n in chunks if not e.done.is_set()]
+        decoding = [e for e in decoding if not e.done.is_set()]
         for entry, n in chunks:
             entry.prefill_pos += n
             self._prefill_tokens += n
