@@ -210,3 +210,14 @@ def test_the_readme_examples_run(engine, module, capsys):
     trio.run(quickstart.main, engine, clock=clock)
     out = capsys.readouterr().out
     assert ("cached" in out) if module == "quickstart_session" else ("GPU hit rate" in out)
+
+
+def test_the_readme_shows_the_quickstarts_as_they_run():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    for name, start in (("quickstart_session", "async def main"), ("quickstart_graph", "app =")):
+        source = (root / "examples" / f"{name}.py").read_text()
+        body = source[source.index(start) : source.index("\n\nif __name__")]
+        assert body in readme, f"README's copy of examples/{name}.py is out of date"
