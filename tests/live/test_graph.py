@@ -221,3 +221,22 @@ def test_the_readme_shows_the_quickstarts_as_they_run():
         source = (root / "examples" / f"{name}.py").read_text()
         body = source[source.index(start) : source.index("\n\nif __name__")]
         assert body in readme, f"README's copy of examples/{name}.py is out of date"
+
+
+async def test_an_agent_actor_that_fails_once_restarts_and_its_calls_are_retried(autojump_clock):
+    tasks = [pbkv.LiveTask(f"t{i}", f"task {i}") for i in range(4)]
+    async with pbkv.open_runtime(sim(max_batch_size=2)) as rt:
+        async with trio.open_nursery() as nursery:
+            outcomes = []
+
+            async def serve():
+                outcomes.extend(await pbkv.serve_app(rt, verdict_app(2), tasks, concurrency=4))
+
+            nursery.start_soon(serve)
+            await trio.sleep(0.5)  # coders are prefilling and queued
+            rt.system.lookup("agent/coder").try_tell("not a message")  # the handler raises
+        restarts = rt.system.statistics()["agent/coder"].restarts
+        leases = rt.statistics().leases
+    assert restarts == 1
+    assert sorted(o.reason for o in outcomes) == ["end"] * 4
+    assert leases == 0
