@@ -9,7 +9,7 @@ import pbkv
 
 
 async def main(engine: str) -> None:
-    async with pbkv.open_runtime(engine=engine, policy="pbkv") as rt:
+    async with pbkv.open_runtime(engine=engine, policy="pbkv", check_integrity=True) as rt:
         async with rt.workflow(task_text="Plan a 3-day trip to Rome.") as wf:
             system = {"role": "system", "content": "You are a travel agency's team."}
             ask = {"role": "user", "content": "Plan a 3-day trip to Rome."}
