@@ -34,9 +34,11 @@ app.route(
 )
 
 
-async def main(engine: str) -> None:
+async def main(engine: str, model: str | None = None) -> None:
     tasks = [pbkv.LiveTask(f"task-{i}", f"Write fizzbuzz up to {10 * i}.") for i in range(1, 5)]
-    async with pbkv.open_runtime(engine=engine, policy="pbkv", check_integrity=True) as rt:
+    async with pbkv.open_runtime(
+        engine=engine, model=model, policy="pbkv", check_integrity=True
+    ) as rt:
         outcomes = await pbkv.serve_app(rt, app, tasks, concurrency=2)
         hit = rt.statistics().kv.gpu_hit_rate
     for o in sorted(outcomes, key=lambda o: o.workflow_id):
@@ -45,6 +47,7 @@ async def main(engine: str) -> None:
 
 
 if __name__ == "__main__":
-    engine = sys.argv[1] if len(sys.argv) > 1 else "torch"  # torch: the tiny model; or sim
+    engine = sys.argv[1] if len(sys.argv) > 1 else "torch"  # or sim (virtual time)
+    model = sys.argv[2] if len(sys.argv) > 2 else None  # torch: tiny (default), smollm2, a folder
     clock = trio.testing.MockClock(autojump_threshold=0) if engine == "sim" else None
-    trio.run(main, engine, clock=clock)
+    trio.run(main, engine, model, clock=clock)

@@ -8,8 +8,10 @@ import trio.testing
 import pbkv
 
 
-async def main(engine: str) -> None:
-    async with pbkv.open_runtime(engine=engine, policy="pbkv", check_integrity=True) as rt:
+async def main(engine: str, model: str | None = None) -> None:
+    async with pbkv.open_runtime(
+        engine=engine, model=model, policy="pbkv", check_integrity=True
+    ) as rt:
         async with rt.workflow(task_text="Plan a 3-day trip to Rome.") as wf:
             system = {"role": "system", "content": "You are a travel agency's team."}
             ask = {"role": "user", "content": "Plan a 3-day trip to Rome."}
@@ -22,6 +24,7 @@ async def main(engine: str) -> None:
 
 
 if __name__ == "__main__":
-    engine = sys.argv[1] if len(sys.argv) > 1 else "torch"  # torch: the tiny model; or sim
+    engine = sys.argv[1] if len(sys.argv) > 1 else "torch"  # or sim (virtual time)
+    model = sys.argv[2] if len(sys.argv) > 2 else None  # torch: tiny (default), smollm2, a folder
     clock = trio.testing.MockClock(autojump_threshold=0) if engine == "sim" else None
-    trio.run(main, engine, clock=clock)
+    trio.run(main, engine, model, clock=clock)
