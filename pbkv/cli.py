@@ -115,6 +115,11 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--horizon", type=_positive_int, default=d.horizon, help="score horizon K")
     p.add_argument("--gamma", type=float, default=d.gamma, help="score decay in (0, 1]")
+    p.add_argument(
+        "--check-integrity",
+        action="store_true",
+        help="assert the KV manager's invariants after every engine step (slow)",
+    )
 
 
 def _config_from(args: argparse.Namespace):  # -> BenchConfig
@@ -141,6 +146,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         gamma=args.gamma,
         noise=args.noise,
         checkpoint=args.checkpoint,
+        check_integrity=args.check_integrity,
     )
 
 
@@ -403,6 +409,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         action="store_false",
         help="split workflows freely (default keeps a task's trials together)",
     )
+    _add_strict(split)
     split.set_defaults(run=_run_trace_split)
 
     train = sub.add_parser(
@@ -416,6 +423,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--horizon", type=_positive_int, default=3, help="forecast steps K")
     _add_fit_arguments(train, "")
     train.add_argument("--seed", type=int, default=0, help="random seed")
+    _add_strict(train)
     train.set_defaults(run=_run_train)
 
     ev = sub.add_parser(
@@ -458,6 +466,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
         "--seed", type=int, default=0, help="fold deal and seed of a graphsage trained here"
     )
     ev.add_argument("--json", dest="json_path", default=None, help="also write scores here")
+    _add_strict(ev)
     ev.set_defaults(run=_run_eval_predictor)
 
     bp = sub.add_parser(
@@ -470,7 +479,16 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
     bp.add_argument("--repeats", type=_positive_int, default=20, help="timed repetitions")
     bp.add_argument("--threads", type=_positive_int, default=1, help="torch threads")
     bp.add_argument("--json", dest="json_path", default=None, help="also write the timing here")
+    _add_strict(bp)
     bp.set_defaults(run=_run_bench_predictor)
+
+
+def _add_strict(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a traces file at its first bad line (default: skip bad lines, warn)",
+    )
 
 
 def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
@@ -492,16 +510,18 @@ def _run_trace_split(args: argparse.Namespace, console: Console) -> int:
             test_fraction=args.test_fraction,
             seed=args.seed,
             by_task=args.by_task,
+            strict=args.strict,
         )
     )
     return 0
 
 
-def _check_app(app: str, traces: str) -> None:
-    """Fail early, by name, when ``traces`` were recorded for another app."""
+def _check_app(app: str, traces: str, strict: bool) -> None:
+    """Fail early, by name, when ``traces`` were recorded for another app (or, with
+    ``strict``, hold a bad line). Quiet: the command's own read warns of bad lines."""
     from pbkv.predictor.trace import read_traces
 
-    apps = {r.app for r in read_traces(traces).records}
+    apps = {r.app for r in read_traces(traces, strict=strict, warn=False).records}
     if apps and apps != {app}:
         raise ValueError(f"{traces} holds traces of {', '.join(sorted(apps))}, not {app}")
 
@@ -509,7 +529,7 @@ def _check_app(app: str, traces: str) -> None:
 def _run_train(args: argparse.Namespace, console: Console) -> int:
     from pbkv.predictor.cli_commands import train
 
-    _check_app(args.app, args.traces)
+    _check_app(args.app, args.traces, args.strict)
     _check_writable(str(Path(args.out) / "graphsage.json"))
 
     encoder = None if args.text_encoder == "none" else args.text_encoder
@@ -524,6 +544,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
             text_source=args.text_source,
             seed=args.seed,
             members=args.members,
+            strict=args.strict,
             console=console,
         )
     )
@@ -549,9 +570,9 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
             f"{learned[0]} needs --checkpoint (from pbkv train), --train-traces to train one, "
             "or --folds to cross-validate"
         )
-    _check_app(args.app, args.traces)
+    _check_app(args.app, args.traces, args.strict)
     if args.train_traces:
-        _check_app(args.app, args.train_traces)
+        _check_app(args.app, args.train_traces, args.strict)
     _check_writable(args.json_path)
     console.print(
         eval_predictor(
@@ -568,6 +589,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
             epochs=args.epochs,
             members=args.members,
             json_path=args.json_path,
+            strict=args.strict,
             console=Console(stderr=True),
             command=command_line(args.argv),
         )
@@ -590,6 +612,7 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
             threads=args.threads,
             json_path=args.json_path,
             command=command_line(args.argv),
+            strict=args.strict,
         )
     )
     if args.json_path:

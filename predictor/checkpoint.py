@@ -123,7 +123,10 @@ def load_checkpoint(location: str | os.PathLike[str]) -> tuple[AnyGraphSage, Che
             raise CheckpointError(f"checkpoint file {p} is missing")
     info = _read_sidecar(sidecar_path)
     graph = info.graph
-    state = load_file(str(weights_path))
+    try:
+        state = load_file(str(weights_path))
+    except Exception as exc:  # safetensors raises its own error type for a bad file
+        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({exc})") from exc
     held = len({key.split(".")[1] for key in state if key.startswith("members.")}) or 1
     if held != info.config.members:
         raise CheckpointError(
@@ -154,8 +157,10 @@ def load_checkpoint(location: str | os.PathLike[str]) -> tuple[AnyGraphSage, Che
 def _read_sidecar(path: Path) -> CheckpointInfo:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     if raw.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format is {raw.get('format')!r}, expected {FORMAT!r}")
     if raw.get("version") != CHECKPOINT_VERSION:

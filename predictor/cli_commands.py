@@ -60,13 +60,19 @@ def trace_split(
     test_fraction: float = 0.25,
     seed: int = 0,
     by_task: bool = True,
+    strict: bool = False,
 ) -> Table:
     """Split a trace file into a training and a held-out file.
 
     With ``by_task`` (the default) the trials of one task (``task_id`` ``{task}-{trial}``,
     as in τ-bench) stay on one side.
+
+    Raises:
+        ValueError: two of the three paths name the same file, or the input holds no
+            readable record (see :func:`read_records`).
     """
-    records = _read(traces)
+    _check_distinct({"the input": traces, "--train-out": train_out, "--test-out": test_out})
+    records = read_records(traces, strict=strict)
     train, test = split_records(records, test_fraction, seed=seed, by_task=by_task)
     write_traces(train_out, train)
     write_traces(test_out, test)
@@ -87,6 +93,7 @@ def train(
     learning_rate: float = 2e-3,
     val_fraction: float = 0.1,
     members: int = 1,
+    strict: bool = False,
     console: Console | None = None,
 ) -> Table:
     """Train a GraphSAGE forecaster for ``app`` on ``traces`` and write a checkpoint to ``out``.
@@ -98,6 +105,7 @@ def train(
         epochs / batch_size / learning_rate / val_fraction / seed: fit settings.
         members: models trained and averaged (a deep ensemble; see
             :class:`~pbkv.predictor.train.TrainConfig`).
+        strict: refuse a traces file with any bad line.
         horizon: ``K``.
         text_encoder: text encoder name, or ``None`` to train without ``h_txt``.
         text_source: what the encoder embeds per state: ``task`` (the task text) or
@@ -109,23 +117,25 @@ def train(
         A summary table (traces, examples, parameters, best epoch, losses, seconds).
 
     Raises:
-        ValueError: unknown app, encoder or text source, or traces that leave the app's
-            call graph.
+        ValueError: unknown app, encoder or text source, traces that leave the app's
+            call graph, or no usable trace (:func:`read_records`).
     """
     from pbkv.examples import get_app
-    from pbkv.predictor.checkpoint import CheckpointInfo, save_checkpoint
     from pbkv.predictor.dataset import TEXT_SOURCES
+
+    spec = get_app(app)
+    graph = CallGraph(spec.agents, spec.edges)
+    if text_source not in TEXT_SOURCES:
+        raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
+    records = read_records(traces, strict=strict, with_steps=True)  # before importing torch
+    console = console or Console(stderr=True)
+
+    from pbkv.predictor.checkpoint import CheckpointInfo, save_checkpoint
     from pbkv.predictor.graphsage import GraphSageConfig
     from pbkv.predictor.graphsage_forecaster import text_inputs
     from pbkv.predictor.text import make_text_encoder
     from pbkv.predictor.train import EpochReport, TrainConfig, fit_graphsage
 
-    spec = get_app(app)
-    graph = CallGraph(spec.agents, spec.edges)
-    records = [r for r in _read(traces) if r.steps]
-    console = console or Console(stderr=True)
-    if text_source not in TEXT_SOURCES:
-        raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
     inputs, encode_s = {}, 0.0
     if text_encoder:
         encoder = make_text_encoder(text_encoder)
@@ -212,6 +222,7 @@ def eval_predictor(
     epochs: int = 30,
     members: int = 1,
     json_path: PathLike | None = None,
+    strict: bool = False,
     console: Console | None = None,
     command: str = "",
 ) -> Table:
@@ -231,6 +242,7 @@ def eval_predictor(
         epochs / members: training epochs and ensemble members of a graphsage trained
             here.
         json_path: also write the scores (and per-fold scores) to this JSON file.
+        strict: refuse a traces file with any bad line.
         command: the command line recorded in that file.
         console: where the cross-validation progress bar is drawn (default: stderr).
 
@@ -261,7 +273,7 @@ def eval_predictor(
     source: TextSource = "step" if text_source == "step" else "task"
     spec = get_app(app)
     graph = CallGraph(spec.agents, spec.edges)
-    records = [r for r in _read(traces) if r.steps]
+    records = read_records(traces, strict=strict, with_steps=True)
     train = _train_config(seed, epochs, members)
     fold_rows: list[dict[str, object]] = []
     if folds:
@@ -296,7 +308,7 @@ def eval_predictor(
         build = predictor_builder(
             graph,
             horizon,
-            _training_traces(train_traces, checkpoint),
+            _training_traces(train_traces, checkpoint, strict),
             records,
             checkpoint=checkpoint,
             text_encoder=text_encoder,
@@ -382,6 +394,7 @@ def bench_predictor(
     traces: PathLike | None = None,
     json_path: PathLike | None = None,
     command: str = "",
+    strict: bool = False,
 ) -> Table:
     """Time one ``forecast`` call on ``batch`` workflow states (CPU), after a warm-up.
 
@@ -393,6 +406,7 @@ def bench_predictor(
         json_path: also write the timing, the checkpoint's sidecar (sizes and training
             facts) and the parameter count to this JSON file.
         command: the command line recorded in that file.
+        strict: refuse a traces file with any bad line.
 
     Returns:
         Median, p10 and p90 latency in milliseconds and the per-state cost.
@@ -404,7 +418,7 @@ def bench_predictor(
     if threads is not None:
         torch.set_num_threads(threads)
     forecaster = GraphSageForecaster.from_checkpoint(checkpoint, text_encoder=None)
-    states = _bench_states(forecaster, checkpoint, traces, batch)
+    states = _bench_states(forecaster, checkpoint, traces, batch, strict)
     forecaster.forecast(states)
     times_ms = []
     for _ in range(repeats):
@@ -434,9 +448,9 @@ def bench_predictor(
 
 
 def _bench_states(
-    forecaster: Forecaster, checkpoint: PathLike, traces: PathLike | None, batch: int
+    forecaster: Forecaster, checkpoint: PathLike, traces: PathLike | None, batch: int, strict: bool
 ) -> list[WorkflowState]:
-    records = [r for r in _read(traces or _sidecar_traces(checkpoint)) if r.steps]
+    records = read_records(traces or _sidecar_traces(checkpoint), strict=strict, with_steps=True)
     prefixes = [(r, r.agents[:t]) for r in records for t in range(1, len(r.steps) + 1)]
     if not prefixes:
         raise ValueError("no trace has a step to build states from")
@@ -451,12 +465,12 @@ def _bench_states(
 
 
 def _training_traces(
-    train_traces: PathLike | None, checkpoint: PathLike | None
+    train_traces: PathLike | None, checkpoint: PathLike | None, strict: bool
 ) -> list[TraceRecord]:
     if train_traces is not None:
-        return [r for r in _read(train_traces) if r.steps]
+        return read_records(train_traces, strict=strict, with_steps=True)
     if checkpoint is not None:
-        return [r for r in _read(_sidecar_traces(checkpoint)) if r.steps]
+        return read_records(_sidecar_traces(checkpoint), strict=strict, with_steps=True)
     return []
 
 
@@ -480,8 +494,43 @@ def _sidecar_traces(checkpoint: PathLike) -> str:
     return str(path)
 
 
-def _read(path: PathLike) -> list[TraceRecord]:
-    return read_traces(path).records
+def read_records(
+    path: PathLike, *, strict: bool = False, with_steps: bool = False
+) -> list[TraceRecord]:
+    """Return the good records of a trace file, refusing one that has none.
+
+    Args:
+        strict: refuse the file at its first bad line.
+        with_steps: keep only records with at least one step (what models learn from).
+
+    Raises:
+        ValueError: no record is left (an empty file, every line bad, or no steps); the
+            message names the file and the first bad line. ``TraceFileError`` when
+            ``strict`` and a line is bad.
+        OSError: the file cannot be read.
+    """
+    result = read_traces(path, strict=strict)
+    records = [r for r in result.records if r.steps] if with_steps else result.records
+    if records:
+        return records
+    if result.errors:
+        why = f"all {len(result.errors)} lines are bad (the first: {result.errors[0]})"
+    elif result.records:
+        why = "no record has a step"
+    else:
+        why = "the file is empty"
+    raise ValueError(f"{path}: no trace records to use: {why}")
+
+
+def _check_distinct(paths: Mapping[str, PathLike]) -> None:
+    """Raise ``ValueError`` if two of ``paths`` name the same file (an output would
+    overwrite the input or the other output)."""
+    seen: dict[Path, str] = {}
+    for label, path in paths.items():
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise ValueError(f"{label} and {seen[resolved]} are the same file ({path})")
+        seen[resolved] = label
 
 
 def _trace_table(title: str, files: dict[str, list[TraceRecord]]) -> Table:

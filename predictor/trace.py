@@ -8,6 +8,8 @@ counts per segment, output tokens and tool/think gaps, and why the workflow ende
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,12 +25,24 @@ END = "END"
 
 EndReason = Literal["end", "aborted", "error", "recursion_limit"]
 
+MAX_TOKENS = 10_000_000
+"""Largest token count a trace may give one segment or one output (10M: beyond any model's
+context today); larger is a corrupt line, refused before it reaches a model or an array."""
+MAX_GAP_S = 86_400.0
+"""Longest tool/think gap before a step (a day)."""
+MAX_STEPS = 100_000
+"""Most steps one workflow trace may hold."""
+MAX_SEGMENTS = 64
+"""Most prompt segments one step may hold."""
+
+_Tokens = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
+
 
 class SegmentCount(msgspec.Struct, frozen=True, array_like=True):
     """Token count of one prompt segment (``preamble``, ``role`` or ``context``)."""
 
     kind: Literal["preamble", "role", "context"]
-    tokens: Annotated[int, msgspec.Meta(ge=0)]
+    tokens: _Tokens
 
 
 class TraceStep(msgspec.Struct, frozen=True):
@@ -40,9 +54,9 @@ class TraceStep(msgspec.Struct, frozen=True):
     """
 
     agent: Annotated[str, msgspec.Meta(min_length=1)]
-    segments: list[SegmentCount]
-    output_tokens: Annotated[int, msgspec.Meta(ge=0)]
-    gap_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    segments: Annotated[list[SegmentCount], msgspec.Meta(max_length=MAX_SEGMENTS)]
+    output_tokens: _Tokens
+    gap_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_GAP_S)] = 0.0
     context_tail: str = ""
 
 
@@ -53,7 +67,7 @@ class TraceRecord(msgspec.Struct, frozen=True):
     app: str
     task_id: str
     task_text: str
-    steps: list[TraceStep]
+    steps: Annotated[list[TraceStep], msgspec.Meta(max_length=MAX_STEPS)]
     end_reason: EndReason = "end"
     task_features: dict[str, float | str] = {}
 
@@ -106,6 +120,9 @@ _DECODER = msgspec.json.Decoder(TraceRecord)
 def write_traces(path: str | Path, records: Iterable[TraceRecord]) -> int:
     """Write ``records`` to ``path`` as JSON lines, replacing the file.
 
+    The lines go to a temporary file beside ``path`` that then replaces it, so a reader
+    never sees a half-written file and ``records`` may come from ``path`` itself.
+
     Args:
         path: the file to write; its folder must exist.
         records: the traces, written in order, one per line.
@@ -113,16 +130,25 @@ def write_traces(path: str | Path, records: Iterable[TraceRecord]) -> int:
     Returns:
         The number of records written.
     """
+    target = Path(path)
     count = 0
-    with open(path, "wb") as f:
-        for record in records:
-            f.write(_ENCODER.encode(record))
-            f.write(b"\n")
-            count += 1
+    mode = target.stat().st_mode & 0o777 if target.exists() else 0o644
+    fd, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            for record in records:
+                f.write(_ENCODER.encode(record))
+                f.write(b"\n")
+                count += 1
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
     return count
 
 
-def read_traces(path: str | Path, *, strict: bool = False) -> TraceReadResult:
+def read_traces(path: str | Path, *, strict: bool = False, warn: bool = True) -> TraceReadResult:
     """Read the traces of a JSON-lines file; blank lines are ignored.
 
     A line that is not JSON, does not match the schema, or has a version other than
@@ -132,6 +158,8 @@ def read_traces(path: str | Path, *, strict: bool = False) -> TraceReadResult:
     Args:
         path: the trace file.
         strict: raise on the first bad line instead of skipping it.
+        warn: log each bad line (off for a second read of the same file, so each
+            warning is printed once).
 
     Returns:
         The good records and the bad lines, each in file order.
@@ -153,7 +181,8 @@ def read_traces(path: str | Path, *, strict: bool = False) -> TraceReadResult:
                 error = TraceLineError(path, number, str(exc))
                 if strict:
                     raise TraceFileError(error) from exc
-                logger.warning("skipping bad trace line %s", error)
+                if warn:
+                    logger.warning("skipping bad trace line %s", error)
                 errors.append(error)
     return TraceReadResult(records, errors)
 

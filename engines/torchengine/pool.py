@@ -15,6 +15,7 @@ Shapes:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -69,11 +70,16 @@ class PagedKVPools:
         gpu_blocks / host_blocks: pool sizes (the KV manager's tier capacities).
         device: where the device pool lives; the host pool is CPU memory, pinned when
             ``device`` is CUDA.
+
+    Raises:
+        ValueError: the pools would not fit this machine's memory (physical memory for
+            the host pool, and for the device pool on CPU; free device memory on CUDA).
     """
 
     def __init__(
         self, layout: KVLayout, gpu_blocks: int, host_blocks: int, device: torch.device
     ) -> None:
+        _check_fits_memory(layout, gpu_blocks, host_blocks, device)
         self.layout = layout
         self.device = device
         block = layout.block_shape()
@@ -175,6 +181,29 @@ class PagedKVPools:
         src, dst = (self.gpu, self.host) if c.to_host else (self.host, self.gpu)
         for s, d, n in _runs(c.src_blocks, c.dst_blocks):
             dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+
+
+def _check_fits_memory(
+    layout: KVLayout, gpu_blocks: int, host_blocks: int, device: torch.device
+) -> None:
+    """Refuse pools this machine cannot hold, before allocating anything."""
+    gib = 2**30
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    in_ram = host_blocks + (gpu_blocks if device.type == "cpu" else 0)
+    if in_ram * layout.bytes_per_block > ram:
+        raise ValueError(
+            f"KV pools of {in_ram:,} blocks in CPU memory need "
+            f"{in_ram * layout.bytes_per_block / gib:,.1f} GiB; this machine has "
+            f"{ram / gib:,.1f} GiB"
+        )
+    if device.type == "cuda":
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+        if gpu_blocks * layout.bytes_per_block > free_bytes:
+            raise ValueError(
+                f"a device KV pool of {gpu_blocks:,} blocks needs "
+                f"{gpu_blocks * layout.bytes_per_block / gib:,.1f} GiB; {device} has "
+                f"{free_bytes / gib:,.1f} GiB free"
+            )
 
 
 def _recorded(stream: torch.cuda.Stream) -> torch.cuda.Event:

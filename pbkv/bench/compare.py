@@ -57,7 +57,10 @@ class BenchConfig:
         horizon / gamma: score horizon K and decay.
         noise: ``lambda`` of the noise wrapper ``(1-lambda) P + lambda U`` on the
             predictor (``U`` a random distribution per forecast row, seeded by ``seed``).
-        checkpoint: GraphSAGE checkpoint folder for ``predictor="graphsage"``.
+        checkpoint: GraphSAGE checkpoint folder for ``predictor="graphsage"`` (read only
+            when a policy uses forecasts).
+        check_integrity: assert the KV manager's invariants after every engine step
+            (slow; for debugging a policy).
     """
 
     app: str = "codegen"
@@ -76,6 +79,7 @@ class BenchConfig:
     gamma: float = 0.8
     noise: float = 0.0
     checkpoint: str | None = None
+    check_integrity: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +158,7 @@ def run_policy(
 
     async def main() -> list[WorkflowOutcome]:
         kv = KVManager(kv_config, trio.current_time, baseline)
-        engine = SimEngine(kv, cost, SimConfig())
+        engine = SimEngine(kv, cost, SimConfig(check_integrity=config.check_integrity))
         outcomes = await serve_workflows(
             workload,
             engine=engine,
@@ -317,8 +321,10 @@ def compare_policies(
         get_policy(name)
     app = get_app(config.app)
     workload = app.generate(config.workflows, config.seed)
-    train = app.generate(config.train_workflows, config.seed + 10_000)
-    forecasters = build_forecasters(config, app.agents, app.edges, workload, train)
+    forecasters: list[Forecaster] = []
+    if any(get_policy(name).uses_forecasts for name in config.policies):
+        train = app.generate(config.train_workflows, config.seed + 10_000)
+        forecasters = build_forecasters(config, app.agents, app.edges, workload, train)
     gpu_tokens = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     gpu_tokens = min(gpu_tokens, cost.gpu_kv_capacity_tokens)

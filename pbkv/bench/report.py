@@ -19,6 +19,12 @@ def ratio(value: float, baseline: float) -> float:
     return value / baseline if baseline else float("nan")
 
 
+def ratio_text(value: float, baseline: float) -> str:
+    """Return ``value / baseline`` as ``"1.234x"``, or ``"n/a"`` when the baseline is zero
+    (a ratio to nothing; printing ``nanx`` read like a bug)."""
+    return f"{value / baseline:.3f}x" if baseline else "n/a"
+
+
 def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str = "s") -> Table:
     """Build the comparison table: one row per policy, ratios against ``lru``.
 
@@ -51,8 +57,8 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
             f"{100 * r.gpu_hit_rate:.1f}",
             f"{100 * r.host_hit_rate:.1f}",
             f"{r.recomputed_tokens:,}",
-            f"{ratio(base.mean_latency_s, r.mean_latency_s):.3f}x",
-            f"{ratio(r.gpu_hit_rate, base.gpu_hit_rate):.3f}x",
+            ratio_text(base.mean_latency_s, r.mean_latency_s),
+            ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
             str(r.failed_workflows),
         )
     return table
@@ -118,8 +124,8 @@ def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
                 f"{100 * r.host_hit_rate:.1f}",
                 f"{r.mean_latency_s:.2f}",
                 f"{r.mean_ttft_s:.3f}",
-                f"{ratio(base.mean_latency_s, r.mean_latency_s):.3f}x",
-                f"{ratio(r.gpu_hit_rate, base.gpu_hit_rate):.3f}x",
+                ratio_text(base.mean_latency_s, r.mean_latency_s),
+                ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
                 f"{100 * p.hit_rate_spread:.1f}" if i == 0 else "",
             )
         table.add_section()

@@ -152,3 +152,19 @@ def test_integrity_reports_numbers(clock):
     tree._private["gpu"] += 1
     with pytest.raises(AssertionError, match="capacity 8"):
         tree.check_integrity()
+
+
+def test_block_pool_is_lazy_and_reuses_returned_ids_first():
+    from pbkv.kvmanager import BlockPool
+
+    pool = BlockPool(10**15)  # a list of every id would not fit in memory
+    assert pool.num_free == 10**15
+    assert pool.allocate(3) == [0, 1, 2]
+    pool.free([1, 2])
+    assert pool.num_free == 10**15 - 1
+    assert pool.allocate(3) == [1, 2, 3]
+    assert not pool.can_allocate(10**15)
+    small = BlockPool(2)
+    assert small.allocate(2) == [0, 1] and small.num_free == 0
+    with pytest.raises(ValueError, match="cannot allocate 1 blocks: 0 free"):
+        small.allocate(1)

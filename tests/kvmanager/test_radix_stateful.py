@@ -1,6 +1,7 @@
 """Stateful property test of the KV manager: random admissions, loads, commits, releases,
 forecasts, prefetches and evictions keep every §5.1 invariant (``check_integrity()``)."""
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -262,6 +263,7 @@ class KVManagerMachine(RuleBasedStateMachine):
     @invariant()
     def integrity(self):
         self.kv.check_integrity()
+        STEPS_RUN[0] += 1  # invariants run after the setup and after every step
 
     @invariant()
     def leased_prefixes_stay_cached(self):
@@ -327,11 +329,17 @@ def _weight(forecast, agent):
     return total
 
 
-KVManagerMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+SOAK = os.environ.get("HYPOTHESIS_PROFILE") == "soak"
+STEPS_RUN = [0]  # states checked; tests/conftest.py prints it at the end of the run
+KVManagerMachine.TestCase.settings = (
+    settings.get_profile("soak")  # HYPOTHESIS_PROFILE=soak: ~10^6 steps (tests/conftest.py)
+    if SOAK
+    else settings(
+        max_examples=60,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 )
 TestKVManagerMachine = KVManagerMachine.TestCase
 
