@@ -14,7 +14,6 @@ from pbkv.examples.codegen import (
     CodegenApp,
     CodegenTask,
     failure_probability,
-    sample_path,
     sample_task,
 )
 from pbkv.examples.data import BUNDLED_DATA_DIR, DATA_DIR_ENV, find_data_dir, find_data_file
@@ -74,7 +73,6 @@ __all__ = [
     "load_mooncake",
     "load_tokenizer",
     "register_app",
-    "sample_path",
     "sample_task",
     "smollm2_gguf_path",
     "validate_path",

@@ -2,21 +2,18 @@
 
 An app is a call graph (its agents, the agents a workflow may start with, and the
 admissible transitions, ``END`` included) plus a generator of workflows with real token
-ids. Apps register a factory under their name; :func:`get_app` builds one. The generated
-apps build on :class:`SeededApp` (workflow ``i`` drawn from ``(seed, i)`` alone) and, when
-they route each task through a dynamic call graph, on :class:`RoutedApp`.
+ids. Apps register a factory under their name; :func:`get_app` builds one. The bundled
+apps are :class:`pbkv.live.App` graphs, whose ``generate`` is the dry run of the graph
+with its simulated replies (:func:`pbkv.live.simulate_workflow`), so the workloads of
+the studies and the live runs come from one definition.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-import numpy as np
-
-from pbkv.actors.workload import Step, Workflow
-from pbkv.examples.sampling import spawn_rngs
+from pbkv.actors.workload import Workflow
 from pbkv.predictor.trace import END
 
 
@@ -98,95 +95,3 @@ def validate_path(app: App, path: Sequence[str]) -> None:
     for i, (source, target) in enumerate(zip(path, (*path[1:], END), strict=True)):
         if (source, target) not in edges:
             raise ValueError(f"step {i}: transition {source!r} -> {target!r} is not an edge")
-
-
-def check_count(n_workflows: int) -> None:
-    """Raise ``ValueError`` when ``n_workflows`` is negative or not an int."""
-    if isinstance(n_workflows, bool) or not isinstance(n_workflows, int) or n_workflows < 0:
-        raise ValueError(f"n_workflows must be a non-negative int, got {n_workflows!r}")
-
-
-class Task(Protocol):
-    """What a workflow records of the task a generated app drew."""
-
-    @property
-    def task_id(self) -> str: ...
-
-    @property
-    def text(self) -> str: ...
-
-    def features(self) -> dict[str, float | str]:
-        """Return the hidden features, as ``Workflow.task_features``."""
-        ...
-
-
-class SeededApp(ABC):
-    """Base of the generated apps, whose workflow ``i`` depends only on ``(seed, i)``.
-
-    Subclasses set the :class:`App` attributes and define :meth:`generate_one`.
-    """
-
-    name: str
-
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Generate ``n_workflows`` workflows; workflow ``i`` depends only on ``(seed, i)``.
-
-        Raises:
-            ValueError: ``n_workflows`` or ``seed`` is negative.
-        """
-        check_count(n_workflows)
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        return [self.generate_one(seed, i) for i in range(n_workflows)]
-
-    @abstractmethod
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-
-    def build_workflow(
-        self, seed: int, index: int, task: Task, steps: tuple[Step, ...], end_reason: str
-    ) -> Workflow:
-        """Return workflow ``index`` of ``seed``: ``task``'s ``steps``, ended for ``end_reason``."""
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=task.task_id,
-            task_text=task.text,
-            steps=steps,
-            task_features=task.features(),
-            end_reason=end_reason,
-        )
-
-
-TaskT = TypeVar("TaskT", bound=Task)
-
-
-class RoutedApp(SeededApp, Generic[TaskT]):
-    """Base of the generated apps that route each task through a dynamic call graph.
-
-    A workflow draws its task, its path and its steps' outputs from three streams of its
-    own (:func:`pbkv.examples.sampling.spawn_rngs`); subclasses define the three draws.
-    """
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, route_rng, output_rng = spawn_rngs(seed, index, 3)
-        task = self.sample_task(task_rng, f"{seed}-{index}")
-        path, end_reason = self.sample_path(task, route_rng)
-        return self.build_workflow(
-            seed, index, task, self.build_steps(task, path, end_reason, output_rng), end_reason
-        )
-
-    @abstractmethod
-    def sample_task(self, rng: np.random.Generator, task_id: str) -> TaskT:
-        """Draw a task with id ``task_id``: its hidden features, then its text."""
-
-    @abstractmethod
-    def sample_path(self, task: TaskT, rng: np.random.Generator) -> tuple[tuple[str, ...], str]:
-        """Route ``task``: return its agent path and end reason."""
-
-    @abstractmethod
-    def build_steps(
-        self, task: TaskT, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
-    ) -> tuple[Step, ...]:
-        """Build the steps of ``path``, whose outputs are drawn from ``rng``."""

@@ -10,11 +10,12 @@ prompt plus output is a prefix of every later prompt of the same agent.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
-from pbkv.actors.workload import Segment, Step
+from pbkv.actors.workload import Segment
 from pbkv.examples.tokenizer import encode
+from pbkv.live.graph import PromptBuilder, State, TokenPrompt
 
 END_OF_TURN = "<|im_end|>\n"
 
@@ -91,40 +92,62 @@ def tokenize_system_prompt(preamble: str, role_prompts: Mapping[str, str]) -> Sy
     return SystemPrompt(Segment("preamble", encode(f"<|im_start|>system\n{preamble}\n\n")), roles)
 
 
-class Transcript:
-    """The context of one workflow's chat, which every step extends.
+def close_turn(output: tuple[int, ...]) -> tuple[int, ...]:
+    """Return an agent's output closed as a message: ending with ``<|im_end|>\n``.
 
-    Args:
-        system: the preamble and role segments each step's prompt starts with.
-        opening: ids of the messages before the first step (the task, as user messages).
+    The scripted outputs already end so; a real engine's stop at ``<|im_end|>`` gains the
+    newline; an output cut off by its budget gains the whole marker.
     """
+    close = end_of_turn()
+    if output[-len(close) :] == close:
+        return output
+    marker = encode_piece("<|im_end|>")
+    if output[-len(marker) :] == marker:
+        return output + close[len(marker) :]
+    return output + close
 
-    def __init__(self, system: SystemPrompt, opening: tuple[int, ...]) -> None:
-        self._system = system
-        self.history = opening
 
-    def take_turn(self, agent: str, output: tuple[int, ...], gap_s: float) -> Step:
-        """Return ``agent``'s step on the context so far, then add its message to the context.
+Opening = Callable[[State], tuple[int, ...]]
+"""State → the ids of the messages before the first step (the task, as user messages)."""
 
-        Mutates: the context grows by ``agent``'s opener and ``output``.
-        """
-        opener = assistant_opener(agent)
-        step = Step(
-            agent=agent,
-            segments=(
-                self._system.preamble,
-                self._system.roles[agent],
-                Segment("context", self.history + opener),
-            ),
-            output_token_ids=output,
-            gap_s=gap_s,
-        )
-        self.history += opener + output
-        return step
 
-    def append(self, message: tuple[int, ...]) -> None:
-        """Add ``message`` (ids, such as a tool result) to the context.
+def task_opening(heading: str) -> Opening:
+    """Return an opening that shows the task as one user message under ``## {heading}``."""
 
-        Mutates: the context grows by ``message``.
-        """
-        self.history += message
+    def opening(state: State) -> tuple[int, ...]:
+        return encode(render_message("user", f"## {heading}\n{state.task.text}"))
+
+    return opening
+
+
+def context_ids(state: State, opening: Opening) -> tuple[int, ...]:
+    """Return the workflow's context so far: the opening, then every turn in order.
+
+    An agent's turn is its opener and its closed output (:func:`close_turn`); a tool's
+    is its message's ids, none when it returned no text. The opening is computed once
+    per workflow (it may draw).
+    """
+    ids = state.values.get("opening")
+    if ids is None:
+        ids = state.values["opening"] = opening(state)
+    for turn in state.turns:
+        if turn.kind == "tool":
+            ids += turn.token_ids if turn.text else ()
+        else:
+            ids += assistant_opener(turn.node) + close_turn(turn.token_ids)
+    return ids
+
+
+def transcript_prompt(system: SystemPrompt, agent: str, opening: Opening) -> PromptBuilder:
+    """Return ``agent``'s prompt builder: system segments, the context, ``agent``'s opener.
+
+    So the prompt plus output of a step is a prefix of every later prompt of the same
+    agent. The context tail is empty (these apps record none).
+    """
+    role = system.roles[agent]
+
+    def prompt(state: State) -> TokenPrompt:
+        context = context_ids(state, opening) + assistant_opener(agent)
+        return TokenPrompt((system.preamble, role, Segment("context", context)))
+
+    return prompt

@@ -1,10 +1,16 @@
 """The ``codegen`` app (paper Fig. 1): Planner → Coder → Tester ⇒ {Analyzer → Coder → Tester, END}.
 
-Each task has hidden features (``difficulty`` in [0, 1], ``language``, ``domain``). They set
-the probability that a test run fails, which falls a little with each retry, and they
-leave noisy cues in the task text ("simple", "edge cases", "tricky concurrency"): a
-learnable signal, not a label. After :data:`MAX_RETRIES` failed retries the workflow
-stops with ``recursion_limit``.
+A :class:`pbkv.live.App` graph: Planner → Coder → Tester → ``test_run`` (a tool) ⇒
+{Analyzer → Coder → …, END}; the router reads the test run's log (``=== FAILED ===``),
+and the Analyzer's visit cap (:data:`MAX_RETRIES`) ends a workflow whose last allowed
+retry failed with ``recursion_limit``.
+
+Each task has hidden features (``difficulty`` in [0, 1], ``language``, ``domain``). On
+the sim engine they set the probability that a test run fails, which falls a little
+with each retry; they also leave noisy cues in the task text ("simple", "edge cases",
+"tricky concurrency"): a learnable signal, not a label. On a real engine the test run
+reads the Tester's report (a stand-in for running the suite; a demo may declare a tool
+that runs it).
 
 Prompt of every invocation, in SmolLM2's chat format, tokenized piece by piece so that
 shared parts have identical ids:
@@ -17,31 +23,35 @@ shared parts have identical ids:
   finally the opener of the current agent's message.
 
 So the prompt plus output of a step is a prefix of every later prompt of the same agent.
-Output token ids are synthetic but real tokens (templated plan, code, test and analysis
-lines), deterministic per ``(seed, workflow, step)``.
+Simulated outputs are synthetic but real tokens (templated plan, code, test and analysis
+lines), drawn from the workflow's ``output`` stream; the test verdicts from its ``route``
+stream (:data:`STREAMS`), so workflow ``i`` of ``seed`` depends only on ``(seed, i)``.
 """
 
 from __future__ import annotations
 
 import random
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pbkv.actors.workload import Step
 from pbkv.examples import codegen_prompts as text
-from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
     END_OF_TURN,
-    Transcript,
-    render_message,
     system_prompt,
+    task_opening,
     tool_message,
+    transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines
-from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
-from pbkv.examples.tokenizer import encode
-from pbkv.predictor.trace import END
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
+from pbkv.examples.tokenizer import decode
+from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
+from pbkv.live.session import Reply, Simulated
 
 AGENTS = ("planner", "coder", "tester", "analyzer")
 MAX_RETRIES = 4
@@ -118,43 +128,66 @@ def _cue(rng: np.random.Generator, difficulty: float) -> str:
     return str(rng.choice(text.CUES[noisy_tier(rng, difficulty)]))
 
 
-def sample_path(task: CodegenTask, rng: np.random.Generator) -> tuple[tuple[str, ...], str]:
-    """Route one workflow: return its agent path and end reason."""
-    path = ["planner", "coder", "tester"]
-    for retry in range(MAX_RETRIES + 1):
-        if rng.random() >= failure_probability(task.difficulty, task.language, task.domain, retry):
-            return tuple(path), "end"
-        if retry == MAX_RETRIES:
-            break
-        path += ["analyzer", "coder", "tester"]
-    return tuple(path), "recursion_limit"
+STREAMS = ("task", "route", "output")
+"""A workflow's draws: its task, its test verdicts, its outputs (children of ``(seed, i)``)."""
+FAILED = "=== FAILED ==="
+PASSED = "=== PASSED ==="
 
 
-def _build_steps(
-    task: CodegenTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
-) -> tuple[Step, ...]:
-    """Build the steps of ``path``; each context extends the previous one.
-
-    ``end_reason`` is not used: no output says how the workflow ends.
-    """
-    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Task\n{task.text}")))
-    steps: list[Step] = []
-    for agent in path:
-        gap_bounds_s = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if steps else (0.0, 0.0)
-        output = _output(agent, task, rng)
-        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
-        if agent == "tester":
-            chat.append(_test_log(rng))
-    return tuple(steps)
+def codegen_task(seed: int, index: int) -> LiveTask:
+    """Return task ``index`` of the workload drawn with ``seed`` (the ``task`` stream)."""
+    task = sample_task(spawn_rngs(seed, index, 1)[0], f"{seed}-{index}")
+    return LiveTask(task.task_id, task.text, task.features(), (seed, index), STREAMS)
 
 
-def _output(agent: str, task: CodegenTask, rng: np.random.Generator) -> tuple[int, ...]:
+def test_fails(state: State) -> bool:
+    """Draw whether this test run fails (sim): the ``route`` stream, one draw per run."""
+    f = state.task.features
+    retry = state.visits["test_run"]
+    p = failure_probability(f["difficulty"], f["language"], f["domain"], retry)
+    return bool(state.rng("route").random() < p)
+
+
+def simulate_agent(agent: str) -> Any:
+    """Return ``agent``'s simulated reply: an output, then the gap before it."""
+
+    def simulate(state: State) -> Simulated:
+        rng = state.rng("output")
+        output = _output(agent, state.task.features, rng)
+        bounds_s = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if state.turns else (0.0, 0.0)
+        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+
+    return simulate
+
+
+def simulate_test_run(state: State) -> ToolResult:
+    """Return the test run's result on the sim: a failed run's log, or a pass."""
+    if not test_fails(state):
+        return ToolResult("test_run", PASSED, 0.0)
+    ids = _test_log(state.rng("output"))
+    return ToolResult("test_run", decode(ids), 0.0, ids)
+
+
+async def run_tests(state: State) -> str:
+    """Return the test run's log on a real engine: failed when the Tester reports one."""
+    report = state.last.text if state.last is not None else ""
+    if re.search(r"\bfail", report, re.IGNORECASE):
+        return f"The Tester's checks report failures.\n{FAILED}"
+    return PASSED
+
+
+def route_test_run(state: State, out: Reply | ToolResult) -> str:
+    """Retry (Analyzer) after a failed test run; end after a pass."""
+    return "analyzer" if FAILED in out.text else END
+
+
+def _output(agent: str, task: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, ...]:
     """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``."""
     n_tokens = draw_tokens(
-        rng, OUTPUT_TOKENS[agent], DIFFICULTY_BONUS_TOKENS[agent] * task.difficulty
+        rng, OUTPUT_TOKENS[agent], DIFFICULTY_BONUS_TOKENS[agent] * task["difficulty"]
     )
     if agent == "coder":
-        header = f"Editing the {task.language} sources for the {task.domain} task.\n```\n"
+        header = f"Editing the {task['language']} sources for the {task['domain']} task.\n```\n"
     else:
         header = ""
     return fill_lines(header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values, END_OF_TURN)
@@ -164,7 +197,7 @@ def _test_log(rng: np.random.Generator) -> tuple[int, ...]:
     """Return a ``tool`` message holding a failed test run's log."""
     n_tokens = draw_tokens(rng, TEST_LOG_TOKENS)
     log = fill_lines("", text.TEST_LOG_LINES, n_tokens, rng, _line_values)
-    return tool_message(log, "\n=== FAILED ===")
+    return tool_message(log, f"\n{FAILED}")
 
 
 def _line_values(draw: random.Random) -> dict[str, str]:
@@ -180,23 +213,27 @@ def _line_values(draw: random.Random) -> dict[str, str]:
     }
 
 
-class CodegenApp(RoutedApp[CodegenTask]):
+class CodegenApp(App):
     """Planner → Coder → Tester with an Analyzer retry loop (see the module docstring)."""
 
-    name = "codegen"
-    agents = AGENTS
-    entry_agents = ("planner",)
-    edges = (
-        ("planner", "coder"),
-        ("coder", "tester"),
-        ("tester", "analyzer"),
-        ("tester", END),
-        ("analyzer", "coder"),
-    )
+    def __init__(self) -> None:
+        super().__init__("codegen", preamble=text.render_preamble())
+        system, opening = system_prompt(text), task_opening("Task")
+        for agent in AGENTS:
+            low, high = OUTPUT_TOKENS[agent]
+            self.agent(
+                agent,
+                role=text.ROLE_PROMPTS[agent],
+                prompt=transcript_prompt(system, agent, opening),
+                max_new_tokens=high + DIFFICULTY_BONUS_TOKENS[agent],
+                simulate=simulate_agent(agent),
+                max_visits=MAX_RETRIES if agent == "analyzer" else None,
+            )
+        self.tool("test_run", run_tests, simulate=simulate_test_run)
+        self.edge(START, "planner").edge("planner", "coder").edge("coder", "tester")
+        self.edge("tester", "test_run").route("test_run", route_test_run, ["analyzer", END])
+        self.edge("analyzer", "coder")
+        self.tasks(codegen_task)
 
-    sample_task = staticmethod(sample_task)
-    sample_path = staticmethod(sample_path)
-    build_steps = staticmethod(_build_steps)
 
-
-register_app(CodegenApp.name, CodegenApp)
+register_app("codegen", CodegenApp)

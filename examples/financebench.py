@@ -24,31 +24,35 @@ shared parts have identical ids:
   which ends with ``<|im_end|>\\n``), and finally the opener of the current agent's
   message.
 
-Output and excerpt token ids are synthetic but real tokens (templated filing sentences,
-tables and results), deterministic per ``(seed, workflow, step)``.
+A :class:`pbkv.live.App` graph of five agents and static edges. Simulated outputs and
+the excerpt are synthetic but real tokens (templated filing sentences, tables and
+results), drawn from the workflow's ``output`` stream (:data:`STREAMS`), so workflow
+``i`` of ``seed`` depends only on ``(seed, i)``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pbkv.actors.workload import Step, Workflow
 from pbkv.examples import financebench_prompts as text
-from pbkv.examples.apps import SeededApp, register_app
+from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
     END_OF_TURN,
-    Transcript,
     end_of_turn,
     render_message,
     system_prompt,
+    transcript_prompt,
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
 from pbkv.examples.tokenizer import encode
-from pbkv.predictor.trace import END
+from pbkv.live.graph import END, START, App, LiveTask, State
+from pbkv.live.session import Simulated
 
 AGENTS = ("researcher", "analyst", "calculator", "writer", "reviewer")
 EXCERPT_TOKENS = (2000, 3000)
@@ -124,41 +128,65 @@ def sample_task(rng: np.random.Generator, task_id: str) -> FinanceTask:
     return FinanceTask(task_id, task_text, question_type, complexity, company, year)
 
 
-def _build_steps(task: FinanceTask, rng: np.random.Generator) -> tuple[Step, ...]:
-    """Build the five steps; each context extends the previous one."""
-    question = encode(render_message("user", f"## Task\n{task.text}"))
-    chat = Transcript(system_prompt(text), question + _excerpt(task, rng))
-    steps: list[Step] = []
-    for agent in AGENTS:
-        output = _output(agent, task, rng)
-        gap_s = draw_gap_s(rng, GAP_BEFORE_S.get(agent, (0.0, 0.0)))
-        steps.append(chat.take_turn(agent, output, gap_s))
-    return tuple(steps)
+STREAMS = ("task", "output")
+"""A workflow's draws: its question, then its excerpt and outputs (children of ``(seed, i)``)."""
 
 
-def _excerpt(task: FinanceTask, rng: np.random.Generator) -> tuple[int, ...]:
+def finance_task(seed: int, index: int) -> LiveTask:
+    """Return question ``index`` of the workload drawn with ``seed`` (the ``task`` stream)."""
+    task = sample_task(spawn_rngs(seed, index, 1)[0], f"{seed}-{index}")
+    return LiveTask(task.task_id, task.text, task.features(), (seed, index), STREAMS)
+
+
+def opening(state: State) -> tuple[int, ...]:
+    """Return the question and the 10-K excerpt as user messages (the excerpt is the
+    workflow's first draw from its ``output`` stream)."""
+    question = encode(render_message("user", f"## Task\n{state.task.text}"))
+    return question + _excerpt(state.task.features, state.rng("output"))
+
+
+def simulate_agent(agent: str) -> Any:
+    """Return ``agent``'s simulated reply: an output, then the gap before it."""
+
+    def simulate(state: State) -> Simulated:
+        rng = state.rng("output")
+        output = _output(agent, state.task.features, rng)
+        return Simulated(
+            token_ids=output, gap_s=draw_gap_s(rng, GAP_BEFORE_S.get(agent, (0.0, 0.0)))
+        )
+
+    return simulate
+
+
+def _excerpt(task: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, ...]:
     """Return the 10-K excerpt as a user message of realistic length."""
-    n_tokens = draw_tokens(rng, EXCERPT_TOKENS, EXCERPT_COMPLEXITY_TOKENS * task.complexity)
-    header = f"<|im_start|>user\n## Form 10-K excerpt: {task.company}, fiscal {task.fiscal_year}\n"
-    body = fill_lines(header, text.EXCERPT_LINES, n_tokens, rng, _line_values(task))
+    n_tokens = draw_tokens(rng, EXCERPT_TOKENS, EXCERPT_COMPLEXITY_TOKENS * task["complexity"])
+    year = int(task["fiscal_year"])
+    header = f"<|im_start|>user\n## Form 10-K excerpt: {task['company']}, fiscal {year}\n"
+    body = fill_lines(header, text.EXCERPT_LINES, n_tokens, rng, _line_values(year))
     return body + end_of_turn()
 
 
-def _output(agent: str, task: FinanceTask, rng: np.random.Generator) -> tuple[int, ...]:
+def _output(agent: str, task: Mapping[str, Any], rng: np.random.Generator) -> tuple[int, ...]:
     """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``."""
-    bonus = COMPLEXITY_BONUS_TOKENS[agent] * task.complexity
+    bonus = COMPLEXITY_BONUS_TOKENS[agent] * task["complexity"]
     n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
     header = ""
     if agent == "reviewer":
-        header = text.REVIEW_VERDICTS[int(rng.random() < 0.1 + 0.3 * task.complexity)]
+        header = text.REVIEW_VERDICTS[int(rng.random() < 0.1 + 0.3 * task["complexity"])]
     return fill_lines(
-        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values(task), END_OF_TURN
+        header,
+        text.OUTPUT_BLOCKS[agent],
+        n_tokens,
+        rng,
+        _line_values(int(task["fiscal_year"])),
+        END_OF_TURN,
     )
 
 
-def _line_values(task: FinanceTask) -> LineValues:
-    """Return how filing lines draw their slots: years from the task's fiscal year."""
-    return from_pools(_pools(task.fiscal_year))
+def _line_values(year: int) -> LineValues:
+    """Return how filing lines draw their slots: years from the filing's fiscal year."""
+    return from_pools(_pools(year))
 
 
 @functools.cache
@@ -184,25 +212,23 @@ def _pools(year: int) -> dict[str, tuple[str, ...]]:
     }
 
 
-class FinanceBenchApp(SeededApp):
+class FinanceBenchApp(App):
     """A static five-agent sequential crew (see the module docstring)."""
 
-    name = "financebench"
-    agents = AGENTS
-    entry_agents = ("researcher",)
-    edges = (
-        ("researcher", "analyst"),
-        ("analyst", "calculator"),
-        ("calculator", "writer"),
-        ("writer", "reviewer"),
-        ("reviewer", END),
-    )
-
-    def generate_one(self, seed: int, index: int) -> Workflow:
-        """Generate workflow ``index`` of the workload drawn with ``seed``."""
-        task_rng, output_rng = spawn_rngs(seed, index, 2)
-        task = sample_task(task_rng, f"{seed}-{index}")
-        return self.build_workflow(seed, index, task, _build_steps(task, output_rng), "end")
+    def __init__(self) -> None:
+        super().__init__("financebench", preamble=text.render_preamble())
+        system = system_prompt(text)
+        for agent in AGENTS:
+            self.agent(
+                agent,
+                role=text.ROLE_PROMPTS[agent],
+                prompt=transcript_prompt(system, agent, opening),
+                max_new_tokens=OUTPUT_TOKENS[agent][1] + COMPLEXITY_BONUS_TOKENS[agent],
+                simulate=simulate_agent(agent),
+            )
+        for source, target in zip((START, *AGENTS), (*AGENTS, END), strict=True):
+            self.edge(source, target)
+        self.tasks(finance_task)
 
 
-register_app(FinanceBenchApp.name, FinanceBenchApp)
+register_app("financebench", FinanceBenchApp)

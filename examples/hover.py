@@ -1,7 +1,12 @@
 """The ``hover`` app: LangChain-style multi-hop claim verification (§8, HoVer-like).
 
 Decomposer → Retriever → Reader ⇒ {QueryRewriter → Retriever → Reader (one more hop),
-Verifier}; Verifier ⇒ {END, Decomposer (re-plan)}.
+Verifier}; Verifier ⇒ {END, Decomposer (re-plan)}. A :class:`pbkv.live.App` graph: the
+Retriever's ``search`` is a tool whose passages enter the context; the Reader's router
+takes one more hop until the round has made the searches the Decomposer planned (on a
+real engine: its numbered sub-questions; on the sim: the hops the claim needs); the
+Verifier's router reads its verdict (``NOT ENOUGH INFO`` re-plans), and the
+Decomposer's visit cap ends a workflow past :data:`MAX_REPLANS` with ``recursion_limit``.
 
 Each claim has hidden features: ``hops`` (2, 3 or 4) and ``difficulty`` in [0, 1]. The
 first round of a workflow makes exactly ``hops`` searches; a re-plan round searches
@@ -35,26 +40,28 @@ fictional entities of :mod:`pbkv.examples.hover_prompts`), deterministic per
 from __future__ import annotations
 
 import functools
+import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
-from pbkv.actors.workload import Step
 from pbkv.examples import hover_prompts as text
-from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
     END_OF_TURN,
-    Transcript,
-    render_message,
     system_prompt,
+    task_opening,
     tool_message,
+    transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines, from_pools
-from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
-from pbkv.examples.tokenizer import encode
-from pbkv.predictor.trace import END
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
+from pbkv.examples.tokenizer import decode
+from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
+from pbkv.live.session import Reply, Simulated
 
 _T = TypeVar("_T")
 
@@ -155,44 +162,95 @@ def _fill_text(template: str, rng: np.random.Generator) -> str:
     return template.format(**{slot: _choose(rng, list(_pools()[slot])) for slot in names})
 
 
-def sample_path(task: HoverTask, rng: np.random.Generator) -> tuple[tuple[str, ...], str]:
-    """Route one workflow: return its agent path and end reason."""
-    path: list[str] = []
-    for replan in range(MAX_REPLANS + 1):
-        path.append("decomposer")
-        for hop in range(round_hops(task.hops, replan)):
-            path += ["query_rewriter", "retriever", "reader"] if hop else ["retriever", "reader"]
-        path.append("verifier")
-        if rng.random() >= replan_probability(task.difficulty, task.hops, replan):
-            return tuple(path), "end"
-    return tuple(path), "recursion_limit"
+STREAMS = ("task", "route", "output")
+"""A workflow's draws: its claim, its verdicts, its outputs (children of ``(seed, i)``)."""
+SIMULATED_HOPS = "simulated_hops"
+"""``State.values`` key: the searches the sim's Decomposer plans for this round."""
 
 
-def _build_steps(
-    task: HoverTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
-) -> tuple[Step, ...]:
-    """Build the steps of ``path``; each context extends the previous one."""
-    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Task\n{task.text}")))
-    steps: list[Step] = []
-    for i, agent in enumerate(path):
-        gap_bounds_s = GAP_BEFORE_S[agent] if steps else (0.0, 0.0)
-        # every Verifier of a capped workflow asked for a re-plan
-        replans = end_reason == "recursion_limit" or path[i + 1 : i + 2] == ("decomposer",)
-        output = _output(agent, task, replans, rng)
-        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
-        if agent == "retriever":
-            chat.append(_passages(rng))
-    return tuple(steps)
+def hover_task(seed: int, index: int) -> LiveTask:
+    """Return claim ``index`` of the workload drawn with ``seed`` (the ``task`` stream)."""
+    task = sample_task(spawn_rngs(seed, index, 1)[0], f"{seed}-{index}")
+    return LiveTask(task.task_id, task.text, task.features(), (seed, index), STREAMS)
+
+
+def simulate_agent(agent: str) -> Any:
+    """Return ``agent``'s simulated reply: an output, then the gap before it.
+
+    The Decomposer also plans its round's searches; the Verifier first draws whether it
+    re-plans (the ``route`` stream) and says so in its verdict.
+    """
+
+    def simulate(state: State) -> Simulated:
+        features = state.task.features
+        replans = False
+        if agent == "decomposer":
+            state.values[SIMULATED_HOPS] = round_hops(
+                int(features["hops"]), state.visits["decomposer"]
+            )
+        elif agent == "verifier":
+            p = replan_probability(
+                features["difficulty"], int(features["hops"]), state.visits["decomposer"] - 1
+            )
+            replans = bool(state.rng("route").random() < p)
+        rng = state.rng("output")
+        output = _output(agent, features, replans, rng)
+        bounds_s = GAP_BEFORE_S[agent] if state.turns else (0.0, 0.0)
+        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+
+    return simulate
+
+
+def planned_hops(text_: str) -> int:
+    """Return the searches a Decomposer's reply plans: its numbered sub-questions (1–4)."""
+    questions = re.findall(r"^\s*\d+[.)]\s", text_, re.MULTILINE)
+    return int(np.clip(len(questions), 1, max(HOPS)))
+
+
+def route_plan(state: State, out: Reply | ToolResult) -> str:
+    """Record the round's planned searches, then search."""
+    simulated = state.values.pop(SIMULATED_HOPS, None)
+    state.values["round_hops"] = simulated if simulated is not None else planned_hops(out.text)
+    return "retriever"
+
+
+def route_reader(state: State, out: Reply | ToolResult) -> str:
+    """Take one more hop until this round has made its planned searches."""
+    searches = 0
+    for turn in reversed(state.turns):
+        if turn.node == "decomposer":
+            break
+        searches += turn.node == "retriever"
+    return "query_rewriter" if searches < state.values["round_hops"] else "verifier"
+
+
+def route_verifier(state: State, out: Reply | ToolResult) -> str:
+    """Re-plan when the Verifier finds information missing; end otherwise."""
+    return "decomposer" if "NOT ENOUGH INFO" in out.text.split("\n", 1)[0] else END
+
+
+def simulate_search(state: State) -> ToolResult:
+    """Return one search's passages as a ``tool`` message (the ``output`` stream)."""
+    ids = _passages(state.rng("output"))
+    return ToolResult("search", decode(ids), 0.0, ids)
+
+
+async def search(state: State) -> str:
+    """Return one search's passages on a real engine (the fictional corpus's lines)."""
+    n_tokens = draw_tokens(state.rng("search"), PASSAGE_TOKENS)
+    return decode(
+        fill_lines("", text.PASSAGE_LINES, n_tokens, state.rng("search"), from_pools(_pools()))
+    )
 
 
 def _output(
-    agent: str, task: HoverTask, replans: bool, rng: np.random.Generator
+    agent: str, task: Mapping[str, Any], replans: bool, rng: np.random.Generator
 ) -> tuple[int, ...]:
     """Return an output of realistic length for ``agent``, ending with ``<|im_end|>``.
 
     A Verifier's output opens with its verdict: a re-plan request when ``replans``.
     """
-    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
+    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task["difficulty"]
     n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
     header = ""
     if agent == "verifier":
@@ -227,25 +285,29 @@ def _pools() -> dict[str, tuple[str, ...]]:
     return pools
 
 
-class HoverApp(RoutedApp[HoverTask]):
+class HoverApp(App):
     """Multi-hop claim verification with a re-plan loop (see the module docstring)."""
 
-    name = "hover"
-    agents = AGENTS
-    entry_agents = ("decomposer",)
-    edges = (
-        ("decomposer", "retriever"),
-        ("retriever", "reader"),
-        ("reader", "query_rewriter"),
-        ("reader", "verifier"),
-        ("query_rewriter", "retriever"),
-        ("verifier", END),
-        ("verifier", "decomposer"),
-    )
+    def __init__(self) -> None:
+        super().__init__("hover", preamble=text.render_preamble(), recursion_limit=64)
+        system, opening = system_prompt(text), task_opening("Task")
+        for agent in AGENTS:
+            low, high = OUTPUT_TOKENS[agent]
+            self.agent(
+                agent,
+                role=text.ROLE_PROMPTS[agent],
+                prompt=transcript_prompt(system, agent, opening),
+                max_new_tokens=high + DIFFICULTY_BONUS_TOKENS.get(agent, 0),
+                simulate=simulate_agent(agent),
+                max_visits=MAX_REPLANS + 1 if agent == "decomposer" else None,
+            )
+        self.tool("search", search, simulate=simulate_search)
+        self.edge(START, "decomposer").route("decomposer", route_plan, ["retriever"])
+        self.edge("retriever", "search").edge("search", "reader")
+        self.route("reader", route_reader, ["query_rewriter", "verifier"])
+        self.edge("query_rewriter", "retriever")
+        self.route("verifier", route_verifier, ["decomposer", END])
+        self.tasks(hover_task)
 
-    sample_task = staticmethod(sample_task)
-    sample_path = staticmethod(sample_path)
-    build_steps = staticmethod(_build_steps)
 
-
-register_app(HoverApp.name, HoverApp)
+register_app("hover", HoverApp)

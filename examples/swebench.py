@@ -15,10 +15,14 @@ probabilities. The issue text carries noisy cues: "one-liner" or "intermittent" 
 module paths (about one per file, give or take one) and a traceback that grows with
 difficulty.
 
-Tools run between turns: each worker's tool result (search hits, the patch result, the
-test log) enters the context as a ``tool`` message after its step, and its latency
-(:data:`TOOL_GAP_S`, 2–20 s for searches and test runs) is the ``gap_s`` of the next
-Manager call.
+A :class:`pbkv.live.App` graph: the Manager's router reads its ``Next speaker:`` line;
+each worker's tool (``search``, ``patch``, ``test_run``) runs after it and its result
+(search hits, the patch result, the test log) enters the context as a ``tool`` message;
+the test log's verdict (``=== PASSED ===``) and the Reviewer's (``APPROVED``) route
+on, and every failed run or rejected review passes ``retry``, a tool without output
+whose visit cap (``MAX_CODER_TURNS - 1``) ends the chat with ``recursion_limit``. A
+tool's latency (:data:`TOOL_GAP_S`, 2–20 s for searches and test runs) is drawn with the
+next Manager call, whose ``gap_s`` it is.
 
 Prompt of every invocation, in SmolLM2's chat format, tokenized piece by piece so that
 shared parts have identical ids:
@@ -38,25 +42,28 @@ Output token ids are synthetic but real tokens, deterministic per
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from pbkv.actors.workload import Step
 from pbkv.examples import swebench_prompts as text
-from pbkv.examples.apps import RoutedApp, register_app
+from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
     END_OF_TURN,
-    Transcript,
-    render_message,
     speaker_name,
     system_prompt,
+    task_opening,
     tool_message,
+    transcript_prompt,
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
-from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier
-from pbkv.examples.tokenizer import encode
-from pbkv.predictor.trace import END
+from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
+from pbkv.examples.tokenizer import decode
+from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
+from pbkv.live.session import Reply, Simulated
 
 AGENTS = ("manager", "localizer", "coder", "tester", "reviewer")
 WORKERS = AGENTS[1:]
@@ -175,63 +182,137 @@ def _traceback(
     )
 
 
-def sample_path(task: SwebenchTask, rng: np.random.Generator) -> tuple[tuple[str, ...], str]:
-    """Route one chat: return its agent path (Manager turns included) and end reason."""
-    searches = 1 + int(rng.binomial(task.n_files - 1, SEARCH_HIT_PROBABILITY))
-    workers = ["localizer"] * searches
-    for attempt in range(MAX_CODER_TURNS):
-        workers += ["coder", "tester"]
-        if rng.random() < failure_probability(task.difficulty, task.n_files, attempt):
-            continue
-        workers.append("reviewer")
-        if rng.random() >= rejection_probability(task.difficulty, task.n_files):
-            return _with_manager(workers), "end"
-    return _with_manager(workers), "recursion_limit"
+STREAMS = ("task", "route", "output")
+"""A workflow's draws: its issue, its verdicts, its outputs (children of ``(seed, i)``)."""
+TOOLS = {"localizer": "search", "coder": "patch", "tester": "test_run"}
+"""The tool each worker runs after its turn."""
+_AGENT_BY_SPEAKER = {speaker_name(a): a for a in WORKERS}
+_FALLBACK = {None: "localizer", "localizer": "coder", "coder": "tester", "tester": "reviewer"}
+"""A real Manager's pick when its reply names nobody: the next worker of the usual order."""
 
 
-def _with_manager(workers: list[str]) -> tuple[str, ...]:
-    return tuple(agent for worker in workers for agent in ("manager", worker))
+def swebench_task(seed: int, index: int) -> LiveTask:
+    """Return issue ``index`` of the workload drawn with ``seed`` (the ``task`` stream)."""
+    task = sample_task(spawn_rngs(seed, index, 1)[0], f"{seed}-{index}")
+    return LiveTask(task.task_id, task.text, task.features(), (seed, index), STREAMS)
 
 
-def _build_steps(
-    task: SwebenchTask, path: tuple[str, ...], end_reason: str, rng: np.random.Generator
-) -> tuple[Step, ...]:
-    """Build the steps of ``path``; each context extends the previous one."""
-    chat = Transcript(system_prompt(text), encode(render_message("user", f"## Issue\n{task.text}")))
-    steps: list[Step] = []
-    gap_bounds_s = (0.0, 0.0)
-    for i, agent in enumerate(path):
-        output = _output(agent, _header(path, i, end_reason), task, rng)
-        steps.append(chat.take_turn(agent, output, draw_gap_s(rng, gap_bounds_s)))
-        if agent in TOOL_TOKENS:
-            passed = path[i + 2 : i + 3] == ("reviewer",)  # tests passed: review comes next
-            chat.append(_tool_result(agent, passed, task, rng))
-        gap_bounds_s = TOOL_GAP_S.get(agent, SELECTION_GAP_S)
-    return tuple(steps)
+def _last_worker(state: State) -> str | None:
+    return next((t.node for t in reversed(state.turns) if t.node in WORKERS), None)
 
 
-def _header(path: tuple[str, ...], i: int, end_reason: str) -> str:
-    """Return the first line of step ``i``'s output: the Manager's pick or the review verdict."""
-    if path[i] == "manager":
-        return f"Next speaker: {speaker_name(path[i + 1])}\n"
-    if path[i] == "reviewer":
-        return text.REVIEW_VERDICTS[i + 1 == len(path) and end_reason == "end"]
+def next_speaker(state: State) -> str:
+    """Draw the Manager's pick on the sim: the searches the fix needs (``route`` stream,
+    at the first pick), then Coder → Tester, the Reviewer after a passing test run, and
+    the Coder again after a failed one or a rejected review."""
+    worker = _last_worker(state)
+    if worker is None:
+        f = state.task.features
+        state.values["searches"] = 1 + int(
+            state.rng("route").binomial(int(f["n_files"]) - 1, SEARCH_HIT_PROBABILITY)
+        )
+        return "localizer"
+    if worker == "localizer":
+        more = state.visits["localizer"] < state.values["searches"]
+        return "localizer" if more else "coder"
+    if worker == "coder":
+        return "tester"
+    if worker == "tester":
+        passed = text.TEST_VERDICTS[True] in state.turns[-1].text
+        return "reviewer" if passed else "coder"
+    return "coder"
+
+
+def simulate_agent(agent: str) -> Any:
+    """Return ``agent``'s simulated reply: its first line (the Manager's pick, the
+    Reviewer's verdict), the rest of its output, then the gap before it."""
+
+    def simulate(state: State) -> Simulated:
+        f = state.task.features
+        header = ""
+        if agent == "manager":
+            header = f"Next speaker: {speaker_name(next_speaker(state))}\n"
+        elif agent == "reviewer":
+            rejected = state.rng("route").random() < rejection_probability(
+                f["difficulty"], int(f["n_files"])
+            )
+            header = text.REVIEW_VERDICTS[not rejected]
+        rng = state.rng("output")
+        output = _output(agent, header, f, rng)
+        last = next((t.node for t in reversed(state.turns) if t.kind == "agent"), None)
+        bounds_s = TOOL_GAP_S.get(last, SELECTION_GAP_S) if last is not None else (0.0, 0.0)
+        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+
+    return simulate
+
+
+def simulate_tool(agent: str) -> Any:
+    """Return the sim's result of the tool ``agent`` runs (a test run draws its verdict
+    from the ``route`` stream first)."""
+
+    def simulate(state: State) -> ToolResult:
+        f = state.task.features
+        passed = True
+        if agent == "tester":
+            p = failure_probability(f["difficulty"], int(f["n_files"]), state.visits["coder"] - 1)
+            passed = not state.rng("route").random() < p
+        ids = _tool_result(agent, passed, f, state.rng("output"))
+        return ToolResult(TOOLS[agent], decode(ids), 0.0, ids)
+
+    return simulate
+
+
+def run_tool(agent: str) -> Any:
+    """Return the tool ``agent`` runs on a real engine: the repository's lines as a
+    stand-in; the test run fails when the Tester reports a failure."""
+
+    async def run(state: State) -> str:
+        f = state.task.features
+        passed = True
+        if agent == "tester":
+            report = state.last.text if state.last is not None else ""
+            passed = re.search(r"\bfail", report, re.IGNORECASE) is None
+        return decode(_tool_result(agent, passed, f, state.rng("tools")))
+
+    return run
+
+
+def route_manager(state: State, out: Reply | ToolResult) -> str:
+    """Hand the turn to the worker the Manager's ``Next speaker:`` line names."""
+    match = re.search(r"Next speaker:\s*(\w+)", out.text)
+    worker = _AGENT_BY_SPEAKER.get(match.group(1)) if match else None
+    return worker or _FALLBACK.get(_last_worker(state), "coder")
+
+
+def route_test_run(state: State, out: Reply | ToolResult) -> str:
+    """Back to the Manager after a passing run; through ``retry`` after a failed one."""
+    return "manager" if text.TEST_VERDICTS[True] in out.text else "retry"
+
+
+def route_reviewer(state: State, out: Reply | ToolResult) -> str:
+    """End the chat on approval; retry the patch otherwise."""
+    first = out.text.split("\n", 1)[0]
+    return END if "APPROVED" in first and "CHANGES" not in first else "retry"
+
+
+async def no_output(state: State) -> str:
+    """The ``retry`` tool: it only counts the retries (no message enters the context)."""
     return ""
 
 
 def _output(
-    agent: str, header: str, task: SwebenchTask, rng: np.random.Generator
+    agent: str, header: str, task: Mapping[str, Any], rng: np.random.Generator
 ) -> tuple[int, ...]:
     """Return ``header`` and more, of realistic length for ``agent``, ending with ``<|im_end|>``."""
-    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task.difficulty
+    bonus = DIFFICULTY_BONUS_TOKENS.get(agent, 0) * task["difficulty"]
     n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent], bonus)
     return fill_lines(
-        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values(task), END_OF_TURN
+        header, text.OUTPUT_BLOCKS[agent], n_tokens, rng, _line_values(task["repo"]), END_OF_TURN
     )
 
 
 def _tool_result(
-    agent: str, passed: bool, task: SwebenchTask, rng: np.random.Generator
+    agent: str, passed: bool, task: Mapping[str, Any], rng: np.random.Generator
 ) -> tuple[int, ...]:
     """Return a ``tool`` message with the result of the tool ``agent`` ran.
 
@@ -244,12 +325,13 @@ def _tool_result(
         "tester": text.TEST_PASS_LINES if passed else text.TEST_LOG_LINES,
     }[agent]
     closing = text.TEST_VERDICTS[passed] if agent == "tester" else ""
-    return tool_message(fill_lines("", lines, n_tokens, rng, _line_values(task)), closing)
+    body = fill_lines("", lines, n_tokens, rng, _line_values(task["repo"]))
+    return tool_message(body, closing)
 
 
-def _line_values(task: SwebenchTask) -> LineValues:
-    """Return how output lines draw their slots: paths from the task's repository."""
-    return from_pools(_pools(task.repo))
+def _line_values(repo: str) -> LineValues:
+    """Return how output lines draw their slots: paths from the issue's repository."""
+    return from_pools(_pools(repo))
 
 
 @functools.cache
@@ -269,22 +351,35 @@ def _pools(repo: str) -> dict[str, tuple[str, ...]]:
     }
 
 
-class SwebenchApp(RoutedApp[SwebenchTask]):
+class SwebenchApp(App):
     """Manager-selected group chat with localize/code/test/review loops (see the module)."""
 
-    name = "swebench"
-    agents = AGENTS
-    entry_agents = ("manager",)
-    edges = (
-        *(("manager", worker) for worker in WORKERS),
-        *((worker, "manager") for worker in WORKERS),
-        ("tester", END),  # a failed test run of the last allowed patch
-        ("reviewer", END),
-    )
+    def __init__(self) -> None:
+        super().__init__("swebench", preamble=text.render_preamble(), recursion_limit=128)
+        system, opening = system_prompt(text), task_opening("Issue")
+        for agent in AGENTS:
+            self.agent(
+                agent,
+                role=text.ROLE_PROMPTS[agent],
+                prompt=transcript_prompt(system, agent, opening),
+                max_new_tokens=OUTPUT_TOKENS[agent][1] + DIFFICULTY_BONUS_TOKENS.get(agent, 0),
+                simulate=simulate_agent(agent),
+            )
+        for worker, tool in TOOLS.items():
+            self.tool(tool, run_tool(worker), simulate=simulate_tool(worker))
+        self.tool(
+            "retry",
+            no_output,
+            simulate=lambda state: ToolResult("retry", "", 0.0),
+            max_visits=MAX_CODER_TURNS - 1,
+        )
+        self.edge(START, "manager").route("manager", route_manager, WORKERS)
+        self.edge("localizer", "search").edge("search", "manager")
+        self.edge("coder", "patch").edge("patch", "manager")
+        self.edge("tester", "test_run").route("test_run", route_test_run, ["manager", "retry"])
+        self.route("reviewer", route_reviewer, [END, "retry"])
+        self.edge("retry", "manager")
+        self.tasks(swebench_task)
 
-    sample_task = staticmethod(sample_task)
-    sample_path = staticmethod(sample_path)
-    build_steps = staticmethod(_build_steps)
 
-
-register_app(SwebenchApp.name, SwebenchApp)
+register_app("swebench", SwebenchApp)

@@ -27,8 +27,13 @@ agent's message.
 The first ``user`` message opens the task: it is the start of the agent's first context
 (and the workflow's ``task_text``), not an LLM call. Messages are rendered in SmolLM2's
 chat format and tokenized one by one, so a step's prompt plus output is a prefix of the
-same agent's next prompt. The call graph is agent ⇒ {agent (after tools), user, END},
-user ⇒ {agent, END}.
+same agent's next prompt.
+
+A :class:`pbkv.live.App` graph that replays the recording (a mode of the live
+runtime): agent ⇒ {``tool`` → agent, user → agent, END}, whose routers follow the
+episode's recorded messages; each prompt is the recorded one, each simulated reply the
+recorded message, and the ``tool`` node costs :data:`TOOL_LATENCY_S`. So the call graph
+is agent ⇒ {agent (after tools), user, END}, user ⇒ {agent, END}.
 """
 
 from __future__ import annotations
@@ -42,13 +47,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import trio
 
-from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.examples.apps import check_count, register_app
+from pbkv.actors.workload import Segment, Step
+from pbkv.examples.apps import register_app
 from pbkv.examples.chat import END_OF_TURN, render_message
 from pbkv.examples.data import find_data_file, read_data_text
 from pbkv.examples.tokenizer import encode
-from pbkv.predictor.trace import END
+from pbkv.live.graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult
+from pbkv.live.session import Reply, Simulated
 
 AGENTS = ("agent", "user")
 DATA_FILE = Path("taubench") / "gpt-4o-airline.json"
@@ -87,6 +94,8 @@ class Episode:
         reward: the episode's reward (0 or 1).
         n_tool_calls: tool calls the agent made.
         steps: the LLM calls, in order.
+        route: the recorded messages after the opener, as graph nodes (``agent``,
+            ``user``, ``tool``), in order.
     """
 
     task_id: str
@@ -95,29 +104,40 @@ class Episode:
     reward: float
     n_tool_calls: int
     steps: tuple[Step, ...]
+    route: tuple[str, ...] = ()
 
 
-class TauBenchApp:
+_NODE_OF_ROLE = {"assistant": "agent", "user": "user", "tool": "tool"}
+
+
+class TauBenchApp(App):
     """Replay of the τ-bench airline trajectories (see the module docstring).
+
+    Workflow ``i`` of ``seed`` replays episode ``order[i]``, where ``order`` is shuffled
+    passes over all episodes drawn with ``seed``: up to the number of episodes each is
+    used at most once; beyond it, repeats are verbatim replays and each episode is used
+    equally often, give or take one.
 
     Args:
         data_dir: a data directory holding ``taubench/``; ``$PBKV_DATA_DIR`` or the bundled
             traces when omitted (see :func:`pbkv.examples.data.find_data_dir`).
     """
 
-    name = "taubench"
-    agents = AGENTS
-    entry_agents = ("agent",)
-    edges = (
-        ("agent", "agent"),
-        ("agent", "user"),
-        ("agent", END),
-        ("user", "agent"),
-        ("user", END),
-    )
-
     def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__("taubench", recursion_limit=256)
         self._data_dir = data_dir
+        for agent in AGENTS:
+            self.agent(
+                agent, role="", prompt=self._prompt, max_new_tokens=1024, simulate=self._reply
+            )
+        self.tool(
+            "tool", replay_tool, simulate=lambda state: ToolResult("tool", "", TOOL_LATENCY_S)
+        )
+        self.edge(START, "agent")
+        self.route("agent", self._follow, ["tool", "user"])
+        self.route("tool", self._follow, ["agent", END])
+        self.route("user", self._follow, ["agent", END])
+        self.tasks(self._task)
 
     def episodes(self) -> tuple[Episode, ...]:
         """Return all episodes in file order (tokenized once per process and file version).
@@ -130,38 +150,50 @@ class TauBenchApp:
         stat = path.stat()
         return load_episodes(path, stat.st_size, stat.st_mtime_ns)
 
-    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
-        """Replay ``n_workflows`` episodes in an order shuffled by ``seed``.
-
-        Up to the number of episodes, each is used at most once; beyond it, further
-        shuffled passes over all episodes follow (so repeats are verbatim replays and
-        each episode is used equally often, give or take one).
-
-        Raises:
-            ValueError: ``n_workflows`` is negative.
-        """
-        check_count(n_workflows)
+    def _task(self, seed: int, index: int) -> LiveTask:
         episodes = self.episodes()
-        rng = np.random.default_rng(seed)
-        order: list[int] = []
-        while len(order) < n_workflows:
-            order += rng.permutation(len(episodes)).tolist()
-        return [self._workflow(episodes[e], seed, i) for i, e in enumerate(order[:n_workflows])]
+        episode = episodes[_order(seed, len(episodes), 1 + index // len(episodes))[index]]
+        features = {
+            "task": episode.task_id.rsplit("-", 1)[0],  # trials of one task share it
+            "reward": episode.reward,
+            "n_tool_calls": float(episode.n_tool_calls),
+        }
+        return LiveTask(episode.task_id, episode.opener, features)
 
-    def _workflow(self, episode: Episode, seed: int, index: int) -> Workflow:
-        return Workflow(
-            workflow_id=f"{self.name}-{seed}-{index}",
-            app=self.name,
-            task_id=episode.task_id,
-            task_text=episode.opener,
-            steps=episode.steps,
-            task_features={
-                "task": episode.task_id.rsplit("-", 1)[0],  # trials of one task share it
-                "reward": episode.reward,
-                "n_tool_calls": float(episode.n_tool_calls),
-            },
-            end_reason="end",
-        )
+    def _episode(self, state: State) -> Episode:
+        episode = state.values.get("episode")
+        if episode is None:
+            by_id = {e.task_id: e for e in self.episodes()}
+            episode = state.values["episode"] = by_id[state.task.task_id]
+        return episode
+
+    def _recorded_step(self, state: State) -> Step:
+        calls = sum(turn.kind == "agent" for turn in state.turns)
+        return self._episode(state).steps[calls]
+
+    def _prompt(self, state: State) -> TokenPrompt:
+        step = self._recorded_step(state)
+        return TokenPrompt(step.segments, step.context_tail)
+
+    def _reply(self, state: State) -> Simulated:
+        return Simulated(token_ids=self._recorded_step(state).output_token_ids)
+
+    def _follow(self, state: State, out: Reply | ToolResult) -> str:
+        route = self._episode(state).route
+        return route[len(state.turns)] if len(state.turns) < len(route) else END
+
+
+async def replay_tool(state: State) -> str:
+    """Spend one tool call's modelled latency (the recording holds its result)."""
+    await trio.sleep(TOOL_LATENCY_S)
+    return ""
+
+
+@functools.cache
+def _order(seed: int, n_episodes: int, passes: int) -> tuple[int, ...]:
+    """Return ``passes`` shuffled passes over ``n_episodes`` episodes, drawn with ``seed``."""
+    rng = np.random.default_rng(seed)
+    return tuple(i for _ in range(passes) for i in rng.permutation(n_episodes).tolist())
 
 
 @functools.cache
@@ -313,7 +345,8 @@ def _episode(
         reward=float(raw["reward"]),
         n_tool_calls=sum(len(m.get("tool_calls") or ()) for m in traj),
         steps=tuple(steps),
+        route=tuple(_NODE_OF_ROLE[m["role"]] for m in traj[2:]),
     )
 
 
-register_app(TauBenchApp.name, TauBenchApp)
+register_app("taubench", TauBenchApp)

@@ -24,7 +24,17 @@ from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.engines.base import GenerateResult, Sampling
 from pbkv.live.chat import ChatFormat
-from pbkv.live.graph import END, AgentNode, App, LiveTask, State, ToolNode, ToolResult, Turn
+from pbkv.live.graph import (
+    END,
+    AgentNode,
+    App,
+    LiveTask,
+    State,
+    TokenPrompt,
+    ToolNode,
+    ToolResult,
+    Turn,
+)
 from pbkv.live.session import CallFailed, Reply, Runtime, Simulated, scripted_output
 from pbkv.runtime import now_s
 
@@ -93,15 +103,29 @@ def transcript(chat: ChatFormat, state: State) -> tuple[int, ...]:
 
 def agent_prompt(chat: ChatFormat, app: App, agent: AgentNode, state: State) -> tuple[Segment, ...]:
     """Return the segments of ``agent``'s next call: system, context, signed opener."""
-    if agent.prompt is None:
+    return agent_call_prompt(chat, app, agent, state).segments
+
+
+def agent_call_prompt(chat: ChatFormat, app: App, agent: AgentNode, state: State) -> TokenPrompt:
+    """Return ``agent``'s next prompt and its context tail.
+
+    A builder's :class:`~pbkv.live.graph.TokenPrompt` is taken as it is; otherwise the
+    segments are system, context (the builder's messages or the default transcript)
+    and signed opener, and the tail is the newest turn's text (the task's at first).
+    """
+    built = agent.prompt(state) if agent.prompt is not None else None
+    if isinstance(built, TokenPrompt):
+        return built
+    if built is None:
         context = transcript(chat, state)
     else:
-        messages = agent.prompt(state)
         context = tuple(
-            t for m in messages for t in _encoded(chat, chat.render(m["role"], m["content"]))
+            t for m in built for t in _encoded(chat, chat.render(m["role"], m["content"]))
         )
     opener = _encoded(chat, chat.opener(speaker_name(agent.name)))
-    return (*system_segments(chat, app, agent), Segment("context", context + opener))
+    segments = (*system_segments(chat, app, agent), Segment("context", context + opener))
+    last = state.last
+    return TokenPrompt(segments, last.text if last is not None else state.task.text)
 
 
 # -- the executor -------------------------------------------------------------------
@@ -167,21 +191,20 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
     node = run.app.nodes[name]
     if isinstance(node, ToolNode):
         return await _run_tool(run, node)
-    segments = agent_prompt(run.chat, run.app, node, run.state)
+    prompt = agent_call_prompt(run.chat, run.app, node, run.state)
     simulated = None
     if node.simulate is not None and not run.caller.samples_tokens:
         simulated = node.simulate(run.state)
-    last = run.state.last
     step: int | None = None
     for attempt in range(node.max_retries + 1):
         try:
             reply = await run.caller.call(
                 name,
-                segments,
+                prompt.segments,
                 max_new_tokens=node.max_new_tokens,
                 sampling=node.sampling,
                 simulated=simulated,
-                context_tail=last.text if last is not None else run.state.task.text,
+                context_tail=prompt.context_tail,
                 step=step,
             )
         except CallFailed as exc:
@@ -198,9 +221,11 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
 
 async def _run_tool(run: _Run, node: ToolNode) -> ToolResult:
     if node.simulate is not None and not run.caller.samples_tokens:
-        text, latency_s = node.simulate(run.state)
-        await run.caller.sleep(latency_s)
-        return ToolResult(node.name, text, latency_s)
+        simulated = node.simulate(run.state)
+        if not isinstance(simulated, ToolResult):
+            simulated = ToolResult(node.name, *simulated)
+        await run.caller.sleep(simulated.latency_s)
+        return simulated
     started = now_s()
     text = await node.run(run.state)
     if not isinstance(text, str):
@@ -211,7 +236,8 @@ async def _run_tool(run: _Run, node: ToolNode) -> ToolResult:
 def _turn(run: _Run, name: str, out: Reply | ToolResult) -> Turn:
     if isinstance(out, Reply):
         return Turn(name, "agent", out.text, out.token_ids)
-    return Turn(name, "tool", out.text, _encoded(run.chat, run.chat.render("tool", out.text)))
+    ids = out.token_ids or _encoded(run.chat, run.chat.render("tool", out.text))
+    return Turn(name, "tool", out.text, ids)
 
 
 def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> list[str]:
@@ -354,8 +380,11 @@ def simulate_workflow(
     dry = _DryRun(chat)
     state = State(task, workflow_id=workflow_id, seed=seed)
     run = _Run(app, chat, dry, state, [], [])
-
-    reason = trio.run(execute, run)
+    reason = _run_at_once(execute(run))
+    if reason is None:  # it needed trio (fan-out, a tool that sleeps): start over in a run
+        dry = _DryRun(chat)
+        run = _Run(app, chat, dry, State(task, workflow_id=workflow_id, seed=seed), [], [])
+        reason = trio.run(execute, run)
     return Workflow(
         workflow_id=workflow_id,
         app=app.name,
@@ -365,6 +394,48 @@ def simulate_workflow(
         task_features=dict(task.features),
         end_reason=reason,
     )
+
+
+def _run_at_once(coroutine: Any) -> TerminationReason | None:
+    """Run a dry run that never waits, without an event loop (most apps: no fan-out);
+    return ``None``, the coroutine closed, when it needs trio."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    except RuntimeError as exc:  # trio outside a run ("must be called from async context")
+        if "async context" not in str(exc):
+            raise
+        return None
+    coroutine.close()
+    return None
+
+
+def simulate_workload(
+    app: App, n_workflows: int, seed: int, chat: ChatFormat | None = None
+) -> list[Workflow]:
+    """Dry-run ``app`` on tasks ``0 .. n_workflows - 1`` of ``seed`` (see :meth:`App.generate`).
+
+    Args:
+        chat: the tokenizer and template; default SmolLM2's (the sim engine's).
+
+    Raises:
+        ValueError: ``n_workflows`` or ``seed`` is negative or not an int.
+    """
+    for name, value in (("n_workflows", n_workflows), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if chat is None:
+        from pbkv.live.build import SIM_CONTEXT_TOKENS
+        from pbkv.live.chat import smollm2_chat
+
+        chat = smollm2_chat(SIM_CONTEXT_TOKENS)
+    return [
+        simulate_workflow(
+            app, app.task(seed, i), chat, workflow_id=f"{app.name}-{seed}-{i}", seed=seed
+        )
+        for i in range(n_workflows)
+    ]
 
 
 # -- replay ------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pbkv.actors.workload import Segment, Workflow
 from pbkv.engines.base import GREEDY, Sampling
 from pbkv.live.session import Reply, Simulated
 from pbkv.predictor.trace import END
@@ -35,6 +36,7 @@ __all__ = [
     "App",
     "LiveTask",
     "State",
+    "TokenPrompt",
     "ToolNode",
     "ToolResult",
     "Turn",
@@ -82,11 +84,31 @@ class Turn:
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool returned (routers read ``text`` as they read a :class:`Reply`'s)."""
+    """What a tool returned (routers read ``text`` as they read a :class:`Reply`'s).
+
+    ``token_ids``: the tool message's exact ids in the context (a simulated tool of an
+    app that tokenizes piece by piece); empty = ``text`` rendered as a tool message.
+    """
 
     tool: str
     text: str
     latency_s: float
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPrompt:
+    """A whole prompt as token-id segments, which a prompt builder may return instead of
+    messages (apps that tokenize piece by piece, so shared parts are id-identical).
+
+    Args:
+        segments: ``preamble``, ``role`` and ``context`` segments, the assistant
+            opener included; the app's preamble and the agent's role are not added.
+        context_tail: the newest text of the context, for text-reading predictors.
+    """
+
+    segments: tuple[Segment, ...]
+    context_tail: str = ""
 
 
 @dataclass(slots=True)
@@ -134,12 +156,15 @@ class State:
         return rng
 
 
-PromptBuilder = Callable[[State], Sequence[Mapping[str, Any]]]
-"""State → the context messages (after the system prompt) of an agent's next call."""
+PromptBuilder = Callable[[State], Sequence[Mapping[str, Any]] | TokenPrompt]
+"""State → the context messages (after the system prompt) of an agent's next call, or
+the whole prompt as a :class:`TokenPrompt`."""
 SimulateReply = Callable[[State], Simulated]
 Router = Callable[[State, Reply | ToolResult], str | Sequence[str]]
 ToolFunction = Callable[[State], Awaitable[str]]
-SimulateTool = Callable[[State], tuple[str, float]]
+SimulateTool = Callable[[State], tuple[str, float] | ToolResult]
+TaskSource = Callable[[int, int], LiveTask]
+"""``(seed, index)`` → task ``index`` of the workload drawn with ``seed``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +224,7 @@ class App:
         self.nodes: dict[str, AgentNode | ToolNode] = {}
         self.static_edges: dict[str, list[str]] = {}
         self.routers: dict[str, RouterEdge] = {}
+        self.task_source: TaskSource | None = None
 
     # -- declaring --------------------------------------------------------------
 
@@ -255,8 +281,9 @@ class App:
         """Declare a tool: ``await run(state)`` returns its output text.
 
         On real engines the function runs and its wall-clock latency counts; on the sim
-        engine ``simulate(state)`` gives ``(text, latency_s)`` in virtual time (without
-        it the function runs there too, at no virtual cost).
+        engine ``simulate(state)`` gives ``(text, latency_s)`` (or a :class:`ToolResult`
+        with the message's exact ids) in virtual time (without it the function runs
+        there too, at no virtual cost).
 
         Raises:
             ValueError: a taken or reserved name.
@@ -292,6 +319,52 @@ class App:
         self.routers[source] = RouterEdge(source, router, tuple(targets))
         return self
 
+    def tasks(self, source: TaskSource) -> App:
+        """Declare where workloads of this app come from: ``source(seed, index)`` returns
+        task ``index`` of the workload drawn with ``seed`` (see :meth:`generate`).
+
+        Returns:
+            The app, for chaining.
+        """
+        if not callable(source):
+            raise TypeError(f"task source must be callable, got {type(source).__name__}")
+        self.task_source = source
+        return self
+
+    # -- workloads -----------------------------------------------------------------
+
+    def task(self, seed: int, index: int) -> LiveTask:
+        """Return task ``index`` of ``seed``: the declared source's, or the default task
+        (id ``f"{seed}-{index}"``, text ``f"Task {index} of workload {seed}."``, no
+        features; simulated replies then draw from streams hashed from the id).
+
+        Raises:
+            TypeError: the source returned something other than a :class:`LiveTask`.
+        """
+        if self.task_source is None:
+            return LiveTask(f"{seed}-{index}", f"Task {index} of workload {seed}.")
+        task = self.task_source(seed, index)
+        if not isinstance(task, LiveTask):
+            raise TypeError(
+                f"app {self.name!r}: task source returned {type(task).__name__}, not LiveTask"
+            )
+        return task
+
+    def generate(self, n_workflows: int, seed: int) -> list[Workflow]:
+        """Dry-run the app on ``n_workflows`` tasks of ``seed``: the studies' workload.
+
+        Workflow ``i`` is :func:`~pbkv.live.driver.simulate_workflow` of
+        ``self.task(seed, i)`` with id ``f"{name}-{seed}-{i}"`` (SmolLM2's tokenizer),
+        so it depends only on ``(seed, i)``.
+
+        Raises:
+            ValueError: ``n_workflows`` or ``seed`` is negative; or as
+                :func:`~pbkv.live.driver.simulate_workflow`.
+        """
+        from pbkv.live.driver import simulate_workload
+
+        return simulate_workload(self, n_workflows, seed)
+
     # -- the call graph -----------------------------------------------------------
 
     @property
@@ -312,11 +385,15 @@ class App:
     @property
     def entry_agents(self) -> tuple[str, ...]:
         """The agents a workflow may start with (tools before them collapsed)."""
-        return tuple(sorted(self._next_agents(START)))
+        return tuple(sorted(self._next_agents(START) - {END}))
 
     @property
     def edges(self) -> tuple[tuple[str, str], ...]:
-        """The call graph's agent → agent (or :data:`END`) edges, tools collapsed."""
+        """The call graph's agent → agent (or :data:`END`) edges, tools collapsed.
+
+        An agent whose way on reaches a node with ``max_visits`` also leads to
+        :data:`END`: the cap may end the workflow (``recursion_limit``) right after it.
+        """
         out = {(a, b) for a in self.agents for b in self._next_agents(a)}
         return tuple(sorted(out))
 
@@ -342,12 +419,15 @@ class App:
             raise ValueError(f"nodes {sorted(unreachable)} are not reachable from START")
 
     def _next_agents(self, node: str) -> set[str]:
-        """Agents (or END) reachable from ``node`` through tools only."""
+        """Agents (or END) reachable from ``node`` through tools only; END also when a
+        capped node is on the way (its cap may end the workflow there)."""
         out: set[str] = set()
         seen: set[str] = set()
         stack = list(self.successors(node))
         while stack:
             nxt = stack.pop()
+            if nxt != END and self.nodes[nxt].max_visits is not None:
+                out.add(END)
             if nxt == END or isinstance(self.nodes.get(nxt), AgentNode):
                 out.add(nxt)
             elif nxt not in seen:

@@ -5,6 +5,18 @@ from collections.abc import Callable, Iterator, Sequence
 
 from pbkv.actors.workload import Step, Workflow
 from pbkv.examples import App, decode
+from pbkv.live import LiveTask, State, simulate_workflow
+from pbkv.live.build import SIM_CONTEXT_TOKENS
+from pbkv.live.chat import smollm2_chat
+
+
+def run_with_route(monkeypatch, app, task: LiveTask, route_rng) -> Workflow:
+    """Dry-run ``app`` on ``task`` with ``route_rng`` standing in for its ``route`` stream."""
+    rng = State.rng
+    monkeypatch.setattr(
+        State, "rng", lambda state, stream: route_rng if stream == "route" else rng(state, stream)
+    )
+    return simulate_workflow(app, task, smollm2_chat(SIM_CONTEXT_TOKENS), workflow_id="w")
 
 
 def assert_deterministic(app: App) -> None:

@@ -2,7 +2,6 @@ from typing import NamedTuple
 
 import pytest
 
-from pbkv.actors.workload import Segment, Step
 from pbkv.examples import (
     App,
     CodegenApp,
@@ -15,8 +14,9 @@ from pbkv.examples import (
     register_app,
     validate_path,
 )
-from pbkv.examples.apps import RoutedApp
 from pbkv.examples.sampling import spawn_rngs
+from pbkv.live import START, LiveTask, Simulated
+from pbkv.live import App as LiveApp
 from pbkv.predictor.trace import END
 
 from . import checks
@@ -141,37 +141,35 @@ def test_context_starts_with_the_task_and_outputs_end_the_turn(sample):
         checks.assert_opens_with_task_and_turns_end(w, layout.task_heading, layout.first_speaker)
 
 
-class ToyTask(NamedTuple):
-    task_id: str
-    text: str
+def toy_app() -> LiveApp:
+    """One agent that answers once; its output is one id drawn from its ``output`` stream."""
 
-    def features(self):
-        return {"size": 1.0}
+    def reply(state):
+        return Simulated(token_ids=(int(state.rng("output").integers(100)),))
 
-
-class ToyApp(RoutedApp[ToyTask]):
-    """One agent that answers once; its output is one id drawn from the output stream."""
-
-    name = "toy"
-    agents = ("solver",)
-    entry_agents = ("solver",)
-    edges = (("solver", END),)
-
-    def sample_task(self, rng, task_id):
-        return ToyTask(task_id, f"task {task_id}")
-
-    def sample_path(self, task, rng):
-        return ("solver",), "end"
-
-    def build_steps(self, task, path, end_reason, rng):
-        return tuple(Step(a, (Segment("context", (1,)),), (int(rng.integers(100)),)) for a in path)
+    app = LiveApp("toy").agent("solver", role="Solve.", simulate=reply).edge(START, "solver")
+    app.edge("solver", END)
+    return app.tasks(
+        lambda seed, i: LiveTask(
+            f"{seed}-{i}", f"task {seed}-{i}", {"size": 1.0}, (seed, i), ("task", "route", "output")
+        )
+    )
 
 
-def test_routed_app_draws_each_workflow_from_its_seed_and_index():
-    workflows = ToyApp().generate(2, 7)
+def test_graph_app_draws_each_workflow_from_its_seed_and_index():
+    workflows = toy_app().generate(2, 7)
     assert [w.workflow_id for w in workflows] == ["toy-7-0", "toy-7-1"]
     assert [w.task_text for w in workflows] == ["task 7-0", "task 7-1"]
     assert all(w.task_features == {"size": 1.0} and w.end_reason == "end" for w in workflows)
     outputs = [w.steps[0].output_token_ids for w in workflows]
     assert outputs == [(int(spawn_rngs(7, i, 3)[2].integers(100)),) for i in (0, 1)]
-    assert isinstance(ToyApp(), App)
+    assert isinstance(toy_app(), App)
+
+
+def test_graph_app_without_a_task_source_gets_default_tasks():
+    app = LiveApp("bare").agent("solver", role="Solve.").edge(START, "solver").edge("solver", END)
+    (workflow,) = app.generate(1, 3)
+    assert (workflow.task_id, workflow.task_text) == ("3-0", "Task 0 of workload 3.")
+    assert workflow.agents == ("solver",) and workflow.end_reason == "end"
+    with pytest.raises(TypeError, match="not LiveTask"):
+        app.tasks(lambda seed, i: "a task").generate(1, 0)

@@ -2,14 +2,16 @@ from pbkv.actors.workload import Segment
 from pbkv.examples import decode, encode
 from pbkv.examples.chat import (
     SystemPrompt,
-    Transcript,
     assistant_opener,
+    close_turn,
     end_of_turn,
     render_message,
     speaker_name,
     tokenize_system_prompt,
     tool_message,
+    transcript_prompt,
 )
+from pbkv.live import LiveTask, State, Turn
 
 
 def test_render_message_wraps_content_in_chat_markers():
@@ -39,14 +41,22 @@ def test_system_prompt_is_a_shared_preamble_and_one_role_per_agent():
     assert {r.kind for r in system.roles.values()} == {"role"}
 
 
-def test_transcript_steps_extend_the_context_in_order():
+def test_transcript_prompt_extends_the_context_turn_by_turn():
     system = SystemPrompt(Segment("preamble", (1,)), {"a": Segment("role", (2,))})
-    chat = Transcript(system, (10,))
-    first = chat.take_turn("a", (20,), 0.5)
-    chat.append((30,))
-    second = chat.take_turn("a", (40,), 0.0)
+    prompt = transcript_prompt(system, "a", lambda state: (10,))
+    state = State(LiveTask("t", "task"))
     opener = assistant_opener("a")
+    first = prompt(state)
     assert first.segments == (system.preamble, system.roles["a"], Segment("context", (10, *opener)))
-    assert (first.output_token_ids, first.gap_s) == ((20,), 0.5)
-    assert second.segments[2].token_ids == (10, *opener, 20, 30, *opener)
-    assert chat.history == (10, *opener, 20, 30, *opener, 40)
+    assert first.context_tail == ""
+    closed = (20, *end_of_turn())
+    state.turns += [Turn("a", "agent", "x", closed), Turn("t", "tool", "log", (30,))]
+    state.turns.append(Turn("t", "tool", "", (99,)))  # a tool without text adds nothing
+    assert prompt(state).segments[2].token_ids == (10, *opener, *closed, 30, *opener)
+
+
+def test_close_turn_ends_every_output_with_the_end_of_turn_line():
+    close = end_of_turn()
+    assert close_turn((5, *close)) == (5, *close)  # scripted outputs are closed already
+    assert close_turn((5, close[0])) == (5, *close)  # a real stop at <|im_end|>
+    assert close_turn((5,)) == (5, *close)  # cut off by its budget

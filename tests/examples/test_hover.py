@@ -2,14 +2,16 @@ import statistics
 
 import pytest
 
-from pbkv.examples import MAX_REPLANS, HoverApp, HoverTask, decode
+from pbkv.examples import MAX_REPLANS, HoverApp, decode
 from pbkv.examples.hover import (
     DIFFICULTY_BONUS_TOKENS,
     OUTPUT_TOKENS,
     PASSAGE_TOKENS,
+    STREAMS,
+    planned_hops,
     replan_probability,
-    sample_path,
 )
+from pbkv.live import LiveTask
 
 from . import checks
 
@@ -68,13 +70,21 @@ def test_replans_rise_with_difficulty_and_stop_at_the_cap(workflows):
         assert capped or (w.end_reason == "end" and replans(w) <= MAX_REPLANS)
 
 
-def test_sample_path_replans_until_the_cap_then_ends_with_recursion_limit():
-    task = HoverTask("t", "", hops=3, difficulty=1.0)
+def test_graph_replans_until_the_cap_then_ends_with_recursion_limit(monkeypatch):
+    task = LiveTask("t", "Claim: x", {"hops": 3.0, "difficulty": 1.0}, (0, 0), STREAMS)
     hop = ("query_rewriter", "retriever", "reader")
     first = ("decomposer", "retriever", "reader", *hop, *hop, "verifier")
     replan = ("decomposer", "retriever", "reader", "verifier")
-    assert sample_path(task, ConstantRng(0.0)) == (first + replan * MAX_REPLANS, "recursion_limit")
-    assert sample_path(task, ConstantRng(0.99)) == (first, "end")
+    capped = checks.run_with_route(monkeypatch, HoverApp(), task, ConstantRng(0.0))
+    assert (capped.agents, capped.end_reason) == (first + replan * MAX_REPLANS, "recursion_limit")
+    ended = checks.run_with_route(monkeypatch, HoverApp(), task, ConstantRng(0.99))
+    assert (ended.agents, ended.end_reason) == (first, "end")
+
+
+def test_a_real_decomposer_plans_its_numbered_sub_questions():
+    assert planned_hops("1. Who directed X?\n2. Where was #1 born?\nCheck: ...") == 2
+    assert planned_hops("no plan at all") == 1
+    assert planned_hops("\n".join(f"{i}. q" for i in range(1, 9))) == 4
 
 
 def test_replan_probability_rises_with_difficulty_and_hops_and_falls_per_replan():

@@ -3,17 +3,18 @@ import statistics
 
 import pytest
 
-from pbkv.examples import MAX_CODER_TURNS, SwebenchApp, SwebenchTask, decode
+from pbkv.examples import MAX_CODER_TURNS, SwebenchApp, decode
 from pbkv.examples.swebench import (
     DIFFICULTY_BONUS_TOKENS,
     OUTPUT_TOKENS,
     SELECTION_GAP_S,
+    STREAMS,
     TOOL_GAP_S,
     WORKERS,
     failure_probability,
     rejection_probability,
-    sample_path,
 )
+from pbkv.live import LiveTask
 
 from . import checks
 
@@ -51,10 +52,13 @@ def test_manager_speaks_between_worker_turns(workflows):
         assert set(workers(w)) <= set(WORKERS)
 
 
-def test_sample_path_follows_test_and_review_verdicts():
-    task = SwebenchTask("t", "", difficulty=0.5, n_files=2, repo="psf/requests")
+def test_graph_follows_test_and_review_verdicts(monkeypatch):
+    features = {"difficulty": 0.5, "n_files": 2.0, "repo": "psf/requests"}
+    task = LiveTask("t", "psf/requests: x", features, (0, 0), STREAMS)
     # test fails, test passes, review rejects, test passes, review approves
-    path, end_reason = sample_path(task, SequenceRng(2, [0.0, 0.99, 0.0, 0.99, 0.99]))
+    rng = SequenceRng(2, [0.0, 0.99, 0.0, 0.99, 0.99])
+    chat = checks.run_with_route(monkeypatch, SwebenchApp(), task, rng)
+    path, end_reason = chat.agents, chat.end_reason
     assert path[1::2] == (
         "localizer",
         "localizer",
@@ -68,7 +72,8 @@ def test_sample_path_follows_test_and_review_verdicts():
         "reviewer",
     )
     assert end_reason == "end"
-    path, end_reason = sample_path(task, SequenceRng(1, [0.0] * MAX_CODER_TURNS))
+    chat = checks.run_with_route(monkeypatch, SwebenchApp(), task, SequenceRng(1, [0.0] * 5))
+    path, end_reason = chat.agents, chat.end_reason
     assert path[1::2] == ("localizer", *("coder", "tester") * MAX_CODER_TURNS)
     assert end_reason == "recursion_limit"
 
