@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import trio
 
-from pbkv.actors.events import InvocationDone, Invoke
-from pbkv.engines.base import Engine, GenerateRequest
-from pbkv.runtime import Actor, TaskStatus
+from pbkv.actors.events import CancelInvocation, InvocationDone, Invoke
+from pbkv.engines.base import GREEDY, Engine, GenerateRequest
+from pbkv.runtime import Actor, ActorStopped, TaskStatus
 
 
 class AgentActor(Actor):
     """One agent of an app, serving invocations from every workflow concurrently.
 
-    Each ``Invoke`` runs as its own task, so a long generation never blocks the
-    agent's mailbox; the result (or the engine's error) goes back to the workflow
-    actor as :class:`InvocationDone`.
+    Each ``Invoke`` runs as its own task under its own cancel scope, so a long
+    generation never blocks the agent's mailbox and a :class:`CancelInvocation` (a live
+    caller that was cancelled) withdraws exactly that request from the engine. The
+    result, or the engine's error, goes back to ``reply_to`` as :class:`InvocationDone`.
 
     Args:
         agent: the agent's name.
@@ -29,36 +31,78 @@ class AgentActor(Actor):
         self.engine = engine
         self._ids = itertools.count()
         self._nursery: trio.Nursery | None = None
+        self._in_flight: dict[str, trio.CancelScope] = {}
+        self.cancelled = 0
 
     async def run(self, *, task_status: TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await super().run(task_status=task_status)
+            try:
+                await super().run(task_status=task_status)
+            finally:
+                self._fail_running(nursery)
+
+    async def on_restart(self, error: Exception) -> None:
+        self._in_flight.clear()
 
     async def handle(self, msg: object) -> None:
         match msg:
             case Invoke():
                 assert self._nursery is not None
-                self._nursery.start_soon(self._generate, msg)
+                scope = trio.CancelScope()
+                if msg.invocation_id:
+                    self._in_flight[msg.invocation_id] = scope
+                self._nursery.start_soon(self._generate, msg, scope)
+            case CancelInvocation(invocation_id=invocation):
+                scope = self._in_flight.pop(invocation, None)
+                if scope is not None:
+                    self.cancelled += 1
+                    scope.cancel()
             case _:
                 raise TypeError(f"AgentActor cannot handle {type(msg).__name__}")
 
-    async def _generate(self, msg: Invoke) -> None:
+    def _fail_running(self, nursery: trio.Nursery) -> None:
+        """Cancel what still runs when the actor stops or fails: callers see the error."""
+        self._in_flight.clear()
+        nursery.cancel_scope.cancel()
+
+    async def _generate(self, msg: Invoke, scope: trio.CancelScope) -> None:
         prompt = tuple(t for segment in msg.segments for t in segment)
         request = GenerateRequest(
             request_id=f"{msg.workflow_id}/{msg.step}/{next(self._ids)}",
             workflow_id=msg.workflow_id,
             agent=self.agent,
             prompt_token_ids=prompt,
-            max_new_tokens=max(1, len(msg.output_token_ids)),
+            max_new_tokens=msg.max_new_tokens or max(1, len(msg.output_token_ids)),
             segment_lengths=tuple(len(s) for s in msg.segments),
             scripted_output_token_ids=msg.output_token_ids,
             namespace=msg.tenant,
             fixed_prefix_tokens=msg.fixed_prefix_tokens,
+            sampling=msg.sampling or GREEDY,
+            on_token=msg.on_token,
         )
+        done: InvocationDone | None = None
         try:
-            result = await self.engine.generate(request)
+            with scope:
+                result = await self.engine.generate(request)
+                done = InvocationDone(msg.step, result=result)
         except Exception as exc:  # the workflow decides: retry or abort (§10)
-            await msg.reply_to.tell(InvocationDone(msg.step, error=f"{type(exc).__name__}: {exc}"))
-            return
-        await msg.reply_to.tell(InvocationDone(msg.step, result=result))
+            done = InvocationDone(msg.step, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._in_flight.pop(msg.invocation_id, None)
+            if done is None:  # cancelled: by CancelInvocation or because the actor stops
+                done = InvocationDone(msg.step, error=f"agent {self.agent}: invocation cancelled")
+            with trio.CancelScope(shield=True):
+                await _reply(msg.reply_to, done)
+
+
+async def _reply(reply_to: object, done: InvocationDone) -> None:
+    """Send ``done`` to a workflow actor's ref or a live session's one-shot channel."""
+    if isinstance(reply_to, trio.MemorySendChannel):
+        # the caller is gone (cancelled) or already answered: nobody waits for this reply
+        gone = (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError)
+        with contextlib.suppress(*gone):
+            reply_to.send_nowait(done)
+        return
+    with contextlib.suppress(ActorStopped):  # the workflow actor stopped meanwhile
+        await reply_to.tell(done)  # type: ignore[attr-defined]

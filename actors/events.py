@@ -77,7 +77,11 @@ class StartWorkflow(msgspec.Struct, frozen=True, tag=True):
 class Invoke(msgspec.Struct, frozen=True, tag=True):
     """Command to an AgentActor: run one invocation and report to ``reply_to``.
 
-    ``reply_to`` is the workflow actor's ref (in-process only; not encoded).
+    ``reply_to`` is the workflow actor's ref, or a one-shot trio send channel of a live
+    session (in-process only; not encoded). ``max_new_tokens`` is the decode budget (0 =
+    the scripted output's length); ``sampling`` an ``engines.base.Sampling``;
+    ``on_token`` a streaming callback; ``invocation_id`` names it for
+    :class:`CancelInvocation` (unique per agent while it runs).
     """
 
     workflow_id: str
@@ -88,6 +92,19 @@ class Invoke(msgspec.Struct, frozen=True, tag=True):
     tenant: str = ""
     reply_to: Any = None
     fixed_prefix_tokens: int = 0
+    max_new_tokens: int = 0
+    sampling: Any = None
+    on_token: Any = None
+    invocation_id: str = ""
+
+
+class CancelInvocation(msgspec.Struct, frozen=True, tag=True):
+    """Command to an AgentActor: cancel the invocation ``invocation_id`` if it still runs.
+
+    The engine request is withdrawn and its leases released; no reply is sent.
+    """
+
+    invocation_id: str
 
 
 class InvocationDone(msgspec.Struct, frozen=True, tag=True):

@@ -7,10 +7,44 @@ decide themselves and are steered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a real engine picks each output token (OpenAI's sampling parameters).
+
+    Args:
+        temperature: ``0`` = greedy (argmax); otherwise logits are divided by it.
+        top_p: nucleus sampling: keep the smallest set of tokens whose probability
+            reaches ``top_p`` (``1`` keeps all).
+        seed: seeds the request's own generator, so a sampled reply is reproducible;
+            ``None`` draws one from the request id.
+
+    Raises:
+        ValueError: ``temperature < 0`` or ``top_p`` outside ``(0, 1]``.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling()
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +63,9 @@ class GenerateRequest:
         namespace: tenant / cache salt.
         fixed_prefix_tokens: leading tokens that are the agent's fixed prefix (shared
             preamble + role prompt; KVFlow protects these).
+        sampling: how real engines pick tokens (greedy by default).
+        on_token: called in the event loop with each output token id as it is
+            produced (streaming); must not block.
     """
 
     request_id: str
@@ -40,6 +77,8 @@ class GenerateRequest:
     scripted_output_token_ids: tuple[int, ...] = ()
     namespace: str = ""
     fixed_prefix_tokens: int = 0
+    sampling: Sampling = GREEDY
+    on_token: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

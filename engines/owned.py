@@ -27,6 +27,7 @@ class Queued:
         done: set once ``result`` or ``error`` is.
         admission: the KV manager's admission, once admitted.
         admit_s / first_token_s: when it was admitted, and produced its first token.
+        streamed: output tokens already handed to ``request.on_token``.
     """
 
     request: GenerateRequest
@@ -38,6 +39,7 @@ class Queued:
     first_token_s: float = 0.0
     result: GenerateResult | None = None
     error: BaseException | None = None
+    streamed: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -137,6 +139,18 @@ class OwnedCacheEngine(Generic[E]):
             on_admit=self._start,
             on_reject=self._fail,
         )
+
+    def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> None:
+        """Hand ``request.on_token`` the tokens of ``output`` it has not seen yet.
+
+        Called in the event loop (never from a worker thread) after each step.
+        """
+        callback = entry.request.on_token
+        if callback is None:
+            return
+        for token in output[entry.streamed :]:
+            callback(token)
+        entry.streamed = len(output)
 
     def _fail(self, entry: E, error: BaseException) -> None:
         """End ``entry`` with ``error``, releasing its hold on the cache (§10)."""

@@ -176,6 +176,10 @@ class RadixTree:
             stack.extend(node.children.values())
         return out
 
+    def lease_count(self) -> int:
+        """Return the live leases (requests and copies holding nodes). Does not modify."""
+        return len(self._leases)
+
     def leased_blocks(self, tier: Tier) -> int:
         """Return the blocks of ``tier`` held by leased nodes (not evictable now)."""
         seen: set[int] = set()

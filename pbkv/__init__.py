@@ -1,10 +1,44 @@
 """pbkv: prediction-based KV-cache management for dynamic multi-agent LLM workflows.
 
-Implements PBKV (arXiv 2605.06472). Subpackages: :mod:`pbkv.runtime` (trio actors),
-:mod:`pbkv.actors` (workflow, agent, KV-manager, predictor and engine actors),
-:mod:`pbkv.kvmanager` (radix tree, policies), :mod:`pbkv.predictor` (forecasters),
-:mod:`pbkv.engines` (sim, torch, trtllm) and :mod:`pbkv.examples` (bundled apps).
+Implements PBKV (arXiv 2605.06472). The live runtime an app embeds is re-exported here
+(:func:`open_runtime`, :class:`WorkflowSession`, see :mod:`pbkv.live`). Subpackages:
+:mod:`pbkv.runtime` (trio actors), :mod:`pbkv.actors` (workflow, agent, KV-manager,
+predictor and engine actors), :mod:`pbkv.kvmanager` (radix tree, policies),
+:mod:`pbkv.predictor` (forecasters), :mod:`pbkv.engines` (sim, torch) and
+:mod:`pbkv.examples` (bundled apps).
 """
 
+from pbkv.actors.workload import Segment
+from pbkv.engines.base import EngineError, Sampling
+from pbkv.live import (
+    ChatFormat,
+    Delta,
+    Overloaded,
+    PromptTooLong,
+    Reply,
+    Runtime,
+    RuntimeConfig,
+    Simulated,
+    WorkflowEnded,
+    WorkflowSession,
+    open_runtime,
+)
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = [
+    "ChatFormat",
+    "Delta",
+    "EngineError",
+    "Overloaded",
+    "PromptTooLong",
+    "Reply",
+    "Runtime",
+    "RuntimeConfig",
+    "Sampling",
+    "Segment",
+    "Simulated",
+    "WorkflowEnded",
+    "WorkflowSession",
+    "__version__",
+    "open_runtime",
+]

@@ -68,6 +68,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     entry_type = _Entry
     has_hidden_state = False
+    samples_tokens = False  # emits each request's scripted output (replies are simulated)
 
     def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
@@ -158,6 +159,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             entry.generated += 1
             self._decode_tokens += 1
         for entry in [e for e in self._running if e.first_token_s]:
+            if entry.request.on_token is not None:
+                self._stream(entry, _output_tokens(entry.request)[: entry.generated])
             if entry.generated >= entry.request.max_new_tokens:
                 self._finish(entry, now)
 

@@ -21,6 +21,7 @@ and prefill is chunked so a long prompt does not stall the decodes.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import logging
 import time
@@ -150,6 +151,7 @@ class _Entry(Queued):
     output: list[int] = field(default_factory=list)
     hidden: np.ndarray | None = None
     finished: bool = False
+    generator: Any = None  # torch.Generator of a sampled (non-greedy) request
 
     @property
     def prefilled(self) -> bool:
@@ -200,6 +202,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     entry_type = _Entry
     has_hidden_state = True
+    samples_tokens = True
 
     def __init__(
         self, kv: KVManager, model: PreTrainedModel, config: TorchEngineConfig | None = None
@@ -329,6 +332,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 entry.first_token_s = now
         self._counters.decode_tokens += len(plan.decodes)
         self._counters.decode_forwards += 1 if plan.decodes else 0
+        for entry in self._running:
+            self._stream(entry, entry.output)
         for entry in [e for e in self._running if e.finished]:
             self._finish(entry, now)
 
@@ -478,12 +483,34 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self._emit(entry, h)
 
     def _emit(self, entry: _Entry, hidden: torch.Tensor) -> None:
-        """Append the greedy token after ``hidden``; store the output's full blocks at the end."""
-        token = int(self._head(hidden).argmax())
+        """Append the token sampled after ``hidden``; store the output's full blocks at the end."""
+        token = self._sample(entry, self._head(hidden))
         entry.output.append(token)
         if len(entry.output) >= entry.request.max_new_tokens or token in self._stop:
             entry.finished = True
             self._store_upto(entry, entry.prompt_tokens + len(entry.output) - 1)
+
+    def _sample(self, entry: _Entry, logits: torch.Tensor) -> int:
+        """Pick the next token from ``logits`` (shape ``(vocab,)``) by the request's sampling.
+
+        Greedy is the argmax; otherwise temperature, then top-p (nucleus), drawn from the
+        entry's own generator so a seeded request is reproducible.
+        """
+        sampling = entry.request.sampling
+        if sampling.greedy:
+            return int(logits.argmax())
+        if entry.generator is None:
+            seed = sampling.seed
+            if seed is None:
+                digest = hashlib.blake2b(entry.request.request_id.encode(), digest_size=8)
+                seed = int.from_bytes(digest.digest())
+            entry.generator = torch.Generator(device="cpu").manual_seed(seed)
+        probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)
+        if sampling.top_p < 1:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(0) - sorted_probs < sampling.top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs, 1, generator=entry.generator))
 
     def _forward(self, token_ids: Sequence[int], cache: object) -> torch.Tensor:
         """Extend ``cache`` by ``token_ids``; return the last token's post-norm hidden state.

