@@ -12,6 +12,7 @@ and releases its cache leases. Streams are written as server-sent events by hand
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -42,7 +43,7 @@ from pbkv.server.schemas import (
     Usage,
     encode,
 )
-from pbkv.server.sessions import SessionRegistry
+from pbkv.server.sessions import Lease, SessionRegistry
 from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
 from pbkv.server.stop import StopCutter
 
@@ -301,7 +302,7 @@ class OpenAIApp:
 
     def _as_api_error(self, exc: Exception) -> APIError:
         from pbkv.engines.base import EngineError
-        from pbkv.live import Overloaded, PromptTooLong
+        from pbkv.live import Overloaded, PromptTooLong, WorkflowEnded
 
         retry = self._config.retry_after_s
         match exc:
@@ -310,9 +311,12 @@ class OpenAIApp:
             case PromptTooLong():
                 return APIError(400, str(exc), param="messages", code="context_length_exceeded")
             case Overloaded():
+                retry = max(retry, math.ceil(exc.retry_after_s))
                 return APIError(
                     429, str(exc), type="rate_limit_error", code="overloaded", retry_after_s=retry
                 )
+            case WorkflowEnded():
+                return APIError(409, str(exc), code="workflow_ended")
             case ValueError() | TypeError():
                 return APIError(400, str(exc))
             case EngineError():
@@ -406,7 +410,7 @@ class OpenAIApp:
         prompt: str | list[dict[str, str]],
         budget: int | None,
     ) -> _Generation:
-        from pbkv.live import Sampling
+        from pbkv.engines.base import Sampling
 
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
@@ -438,12 +442,12 @@ class OpenAIApp:
         self._check_model(request.model)
         generation = self._generation(endpoint, request, prompt, budget)
         hints = self._hints(scope, request)
-        async with self._sessions.workflow(hints) as wf:
-            headers = [(b"x-pbkv-workflow-id", str(getattr(wf, "workflow_id", "")).encode())]
+        async with self._sessions.workflow(hints) as lease:
+            headers = [(b"x-pbkv-workflow-id", lease.workflow.workflow_id.encode())]
             if generation.stream:
-                await self._stream(wf, hints.agent, generation, responder, headers)
+                await self._stream(lease, hints.agent, generation, responder, headers)
             else:
-                await self._whole(wf, hints.agent, generation, responder, headers)
+                await self._whole(lease, hints.agent, generation, responder, headers)
 
     def _ident(self, endpoint: str) -> str:
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
@@ -451,13 +455,13 @@ class OpenAIApp:
 
     async def _whole(
         self,
-        wf: Any,
+        lease: Lease,
         agent: str,
         generation: _Generation,
         responder: _Responder,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        reply = await wf.call(
+        reply = await lease.workflow.call(
             agent,
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
@@ -473,11 +477,12 @@ class OpenAIApp:
         else:
             choices = [TextChoice(0, text, finish)]
             record = Completion(ident, created, self.model, choices, _usage(reply))
+        await lease.settle()
         await responder.whole(200, encode(record), headers)
 
     async def _stream(
         self,
-        wf: Any,
+        lease: Lease,
         agent: str,
         generation: _Generation,
         responder: _Responder,
@@ -485,7 +490,7 @@ class OpenAIApp:
     ) -> None:
         frames = _Frames(generation.endpoint, self._ident(generation.endpoint), self.model)
         cutter = StopCutter(generation.stops)
-        async with wf.stream(
+        async with lease.workflow.stream(
             agent,
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
@@ -502,6 +507,7 @@ class OpenAIApp:
         if not responder.started:
             await responder.start_events(headers)
             await frames.open(responder)
+        await lease.settle()
         tail = cutter.flush()
         if tail:
             await responder.event(frames.piece(tail))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -97,12 +97,20 @@ async def serve(
     runtime_config: Any,
     config: ServerConfig,
     *,
+    forecasters: Sequence[Any] = (),
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Open a live runtime from ``runtime_config`` and serve it until cancelled."""
+    """Open a live runtime from ``runtime_config`` and serve it until cancelled.
+
+    Args:
+        runtime_config: a :class:`pbkv.RuntimeConfig`.
+        config: where to listen and how to serve.
+        forecasters: the predictor's fallback chain (empty: no forecasts).
+        task_status: receives the :class:`Server` once the socket listens.
+    """
     from pbkv.live import open_runtime
 
-    async with open_runtime(runtime_config) as runtime:
+    async with open_runtime(runtime_config, forecasters=forecasters) as runtime:
         await run_server(runtime, config, task_status=task_status)
 
 

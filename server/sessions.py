@@ -13,10 +13,10 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import trio
@@ -55,6 +55,22 @@ class SessionStatistics(msgspec.Struct, frozen=True):
     ended_idle: int
     single_request: int
     idle_timeout_s: float
+
+
+class Lease(NamedTuple):
+    """One request's hold on its workflow: the live workflow, and how to settle it."""
+
+    workflow: Any  # pbkv.live.WorkflowSession
+    settle: Callable[[], Awaitable[None]]
+
+
+async def _shielded(ending: Awaitable[None]) -> None:
+    """Await a workflow's end even while cancelled (bounded by ``_END_TIMEOUT_S``)."""
+    with trio.move_on_after(_END_TIMEOUT_S) as scope:
+        scope.shield = True
+        await ending
+    if scope.cancelled_caught:
+        log.warning("a workflow did not end within %ss", _END_TIMEOUT_S)
 
 
 @dataclass(eq=False)
@@ -102,8 +118,14 @@ class SessionRegistry:
         self._opened = self._ended_final = self._ended_idle = self._single = 0
 
     @asynccontextmanager
-    async def workflow(self, hints: Hints) -> AsyncIterator[Any]:
-        """Yield the live workflow of ``hints`` for one request; account for it after.
+    async def workflow(self, hints: Hints) -> AsyncIterator[Lease]:
+        """Yield the live workflow of ``hints`` for one request, as a :class:`Lease`.
+
+        Call ``await lease.settle()`` once the request has succeeded, before answering:
+        a workflow that ends with this request (one-request, or marked final) ends then,
+        so the client never sees a reply before its workflow's end. A request that
+        fails or is cancelled ends a one-request workflow ``aborted`` and leaves a
+        hinted one open.
 
         Raises:
             APIError: 429 when ``max_sessions`` sessions are open and none is idle.
@@ -111,16 +133,16 @@ class SessionRegistry:
         self._in_flight += 1
         try:
             if hints.workflow_id is None:
-                async with self._single_request(hints) as wf:
-                    yield wf
+                async with self._single_request(hints) as lease:
+                    yield lease
             else:
-                async with self._session_request(hints) as wf:
-                    yield wf
+                async with self._session_request(hints) as lease:
+                    yield lease
         finally:
             self._in_flight -= 1
 
     @asynccontextmanager
-    async def _single_request(self, hints: Hints) -> AsyncIterator[Any]:
+    async def _single_request(self, hints: Hints) -> AsyncIterator[Lease]:
         workflow_id = f"req-{next(self._serial)}"
         wf = await self._runtime.open_workflow(
             workflow_id=workflow_id, app=APP, tenant=hints.tenant
@@ -128,32 +150,39 @@ class SessionRegistry:
         self._opened += 1
         self._single += 1
         self._remember(WorkflowRecord(workflow_id, hints.tenant, [hints.agent], 1, "single"))
-        reason = "aborted"
+
+        async def settle() -> None:
+            await _shielded(wf.end("end"))
+
         try:
-            yield wf
-            reason = "end"
+            yield Lease(wf, settle)
         finally:
-            with trio.move_on_after(_END_TIMEOUT_S) as scope:
-                scope.shield = True
-                await wf.end(reason)
+            await _shielded(wf.end("aborted"))  # a no-op once settled: end is idempotent
 
     @asynccontextmanager
-    async def _session_request(self, hints: Hints) -> AsyncIterator[Any]:
+    async def _session_request(self, hints: Hints) -> AsyncIterator[Lease]:
         session = await self._acquire(hints)
         session.in_flight += 1
         session.record.requests += 1
         if not session.record.agents or session.record.agents[-1] != hints.agent:
             session.record.agents.append(hints.agent)
-        try:
-            yield session.workflow
-        finally:
-            session.in_flight -= 1
+
+        async def settle() -> None:
             session.last_used_s = now_s()
             if hints.final and not session.final:
                 session.final = True
                 session.record.state = "final"
-                self._sessions.pop(self._key(hints), None)
+                if self._sessions.get(self._key(hints)) is session:
+                    del self._sessions[self._key(hints)]
                 self._ended_final += 1
+            if session.final and session.in_flight == 1:
+                await self._end(session, "end")
+
+        try:
+            yield Lease(session.workflow, settle)
+        finally:
+            session.in_flight -= 1
+            session.last_used_s = now_s()
             if session.final and session.in_flight == 0:
                 await self._end(session, "end")
 

@@ -10,6 +10,7 @@ one gauge with a label per key.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -43,7 +44,7 @@ class HTTPCounters:
 
 def _builtins(value: Any) -> Any:
     """Return ``value`` as plain data, Structs' hit-rate properties included."""
-    if isinstance(value, msgspec.Struct):
+    if _is_record(value):
         return {name: _builtins(leaf) for name, leaf in _leaves(value)}
     if isinstance(value, Mapping):
         return {str(k): _builtins(v) for k, v in value.items()}
@@ -84,12 +85,22 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _is_record(value: Any) -> bool:
+    return isinstance(value, msgspec.Struct) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
+
+
 def _leaves(value: Any) -> Iterator[tuple[str, Any]]:
-    """Yield (field, value) of a msgspec Struct, hit-rate properties included."""
-    for name in value.__struct_fields__:
+    """Yield (field, value) of a Struct or dataclass record, hit-rate properties included."""
+    if isinstance(value, msgspec.Struct):
+        names = tuple(value.__struct_fields__)
+    else:
+        names = tuple(f.name for f in dataclasses.fields(value))
+    for name in names:
         yield name, getattr(value, name)
     for rate in _RATES:
-        if hasattr(value, rate) and rate not in value.__struct_fields__:
+        if hasattr(value, rate) and rate not in names:
             yield rate, getattr(value, rate)
 
 
@@ -104,7 +115,7 @@ def _samples(path: tuple[str, ...], value: Any) -> Iterator[tuple[str, str, floa
     """
     if isinstance(value, bool | int | float):
         yield _metric(path), "", float(value)
-    elif isinstance(value, msgspec.Struct):
+    elif _is_record(value):
         for name, leaf in _leaves(value):
             yield from _samples((*path, name), leaf)
     elif isinstance(value, Mapping) and all(
