@@ -72,7 +72,8 @@ class ServerConfig:
         idle_timeout_s: a workflow never marked final ends after this long idle.
         max_sessions: open hinted workflows at most (see :class:`SessionRegistry`).
         api_keys: API key → tenant; ``None`` accepts any key (tenants from ``cache_salt``).
-        default_max_tokens: the decode budget of a request that sets none.
+        default_max_tokens: the decode budget of a request that sets none (less when the
+            context length leaves less room).
         max_body_bytes: larger request bodies are refused (413).
         retry_after_s: the ``Retry-After`` of a 429/503 answer.
         served_model_name: the model name clients send (default: the runtime's).
@@ -155,7 +156,7 @@ class _Generation:
     """One decoded request, ready to run: prompt, budget, sampling and stream options."""
 
     endpoint: str
-    prompt: str | list[dict[str, str]]
+    prompt: tuple[Any, ...]  # pbkv.Segment s, templated once here
     max_new_tokens: int
     sampling: Any
     stops: tuple[str, ...]
@@ -410,18 +411,27 @@ class OpenAIApp:
         prompt: str | list[dict[str, str]],
         budget: int | None,
     ) -> _Generation:
+        from pbkv.actors.workload import Segment
         from pbkv.engines.base import Sampling
 
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
+        chat = self._runtime.chat
+        if isinstance(prompt, str):
+            segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
+        else:
+            segments = chat.segments(prompt)
+        if budget is None:  # as OpenAI: what the context leaves, up to the default
+            room = chat.context_length_tokens - sum(len(s.token_ids) for s in segments)
+            budget = max(1, min(self._config.default_max_tokens, room))
         temperature = 1.0 if request.temperature is None else request.temperature
         top_p = 1.0 if request.top_p is None else request.top_p
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=request.seed)
         options = request.stream_options
         return _Generation(
             endpoint=endpoint,
-            prompt=prompt,
-            max_new_tokens=budget or self._config.default_max_tokens,
+            prompt=segments,
+            max_new_tokens=budget,
             sampling=sampling,
             stops=_stops(request.stop),
             stream=request.stream,

@@ -144,6 +144,8 @@ class SessionRegistry:
     @asynccontextmanager
     async def _single_request(self, hints: Hints) -> AsyncIterator[Lease]:
         workflow_id = f"req-{next(self._serial)}"
+        while workflow_id in self._runtime.active_workflows():  # a client chose this id
+            workflow_id = f"req-{next(self._serial)}"
         wf = await self._runtime.open_workflow(
             workflow_id=workflow_id, app=APP, tenant=hints.tenant
         )
@@ -253,10 +255,13 @@ class SessionRegistry:
         stale = [
             k for k, s in self._sessions.items() if s.in_flight == 0 and s.last_used_s <= deadline_s
         ]
+        retired = 0
         for key in stale:
-            if key in self._sessions:
+            session = self._sessions.get(key)  # a request may have taken it meanwhile
+            if session is not None and session.in_flight == 0:
                 await self._retire(key)
-        return len(stale)
+                retired += 1
+        return retired
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Retire idle sessions until cancelled; then end every open session ("end")."""

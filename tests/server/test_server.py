@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import openai
 import pytest
 import trio
 
+import pbkv
+from pbkv.live.chat import smollm2_chat
 from pbkv.server import ServerConfig
 from tests.server.conftest import Served, chat, serving
 
@@ -350,3 +354,22 @@ async def test_stop_sequences_cut_the_reply_where_they_first_appear(served: Serv
     streamed = await served.run(ask, [stop], True)
     assert cut == streamed == full[: full.find(stop)]
     assert finish == "stop"
+
+
+async def test_without_max_tokens_the_budget_is_what_the_context_leaves():
+    built = pbkv.live.build_engine(pbkv.RuntimeConfig(engine="torch", check_integrity=True))
+    short = dataclasses.replace(built, chat=smollm2_chat(128))  # a 128-token context
+    prompt = "cache " * 100
+    async with serving(built=short) as served:
+        room = 128 - len(served.runtime.chat.encode(prompt))
+        assert 0 < room < 256  # the default budget would not fit
+
+        def complete():
+            return served.client().completions.create(model="tiny", prompt=prompt, **GREEDY)
+
+        reply = await served.run(complete)
+    assert reply.usage.prompt_tokens == 128 - room
+    if reply.choices[0].finish_reason == "length":
+        assert reply.usage.completion_tokens == room
+    else:  # the random model may end its turn early
+        assert reply.usage.completion_tokens < room
