@@ -70,10 +70,6 @@ class WorkflowTerminated(Event, frozen=True, tag=True):
 LifecycleEvent = WorkflowStarted | AgentInvoked | PrefillDone | AgentFinished | WorkflowTerminated
 
 
-class StartWorkflow(msgspec.Struct, frozen=True, tag=True):
-    """Command to a WorkflowActor: begin the first step."""
-
-
 class Invoke(msgspec.Struct, frozen=True, tag=True):
     """Command to an AgentActor: run one invocation and report to ``reply_to``.
 
@@ -108,7 +104,7 @@ class CancelInvocation(msgspec.Struct, frozen=True, tag=True):
 
 
 class InvocationDone(msgspec.Struct, frozen=True, tag=True):
-    """Reply to a WorkflowActor: the invocation's engine result (or its error)."""
+    """Reply to a workflow session: the invocation's engine result (or its error)."""
 
     step: int
     result: Any = None

@@ -10,6 +10,7 @@ import numpy as np
 import trio
 
 from pbkv.actors.events import ForecastRequest
+from pbkv.kvmanager import validate_forecast
 from pbkv.predictor.base import Forecaster, WorkflowState
 from pbkv.runtime import Actor, now_s
 
@@ -27,6 +28,8 @@ class PredictorStatistics:
         fallbacks: batches handed to the next forecaster after one failed.
         failures: forecaster calls that raised.
         unanswered: requests answered ``None`` because every forecaster failed.
+        rejected: single forecasts refused as malformed (not finite, negative, rows not
+            summing to 1, wrong shape); each went on to the next forecaster.
     """
 
     requests: int
@@ -35,6 +38,7 @@ class PredictorStatistics:
     fallbacks: int
     failures: int
     unanswered: int = 0
+    rejected: int = 0
 
 
 class PredictorActor(Actor):
@@ -42,9 +46,10 @@ class PredictorActor(Actor):
 
     Requests are collected into one batch until ``max_batch`` are pending, or the
     mailbox is empty and the oldest pending request has waited ``max_wait_s``; the batch
-    then goes to the model in one call. If a forecaster raises, the next one in ``chain``
-    is tried (e.g. graphsage → markov); if all fail, the reply is ``None`` (the KV
-    manager then keeps its last scores: LAE behaviour). Nothing stalls.
+    then goes to the model in one call. If a forecaster raises, or returns a malformed
+    forecast for some states, the next one in ``chain`` is tried for those states (e.g.
+    graphsage → markov); if all fail, the reply is ``None`` (the KV manager then keeps its
+    last scores: LAE behaviour). Nothing stalls.
 
     With ``run_in_thread`` the forecaster runs in a trio worker thread, so a slow model
     never blocks the event loop (requests keep queueing and form the next batch). Under
@@ -87,7 +92,7 @@ class PredictorActor(Actor):
         self._pending: list[ForecastRequest] = []
         self._deadline_s = 0.0
         self._requests = self._batches = self._max_batch = 0
-        self._fallbacks = self._failures = self._unanswered = 0
+        self._fallbacks = self._failures = self._unanswered = self._rejected = 0
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -139,27 +144,60 @@ class PredictorActor(Actor):
                 log.debug("forecast for %s no longer wanted", req.workflow_id)
 
     def _forecast(self, batch: list[ForecastRequest]) -> list[np.ndarray | None]:
-        """Run the chain on ``batch``; may run in a worker thread (touches only counters)."""
+        """Run the chain on ``batch``; may run in a worker thread (touches only counters).
+
+        Each forecast is validated (:func:`~pbkv.kvmanager.validate_forecast`); the
+        states whose forecast is malformed, or whose forecaster raised, go to the next
+        forecaster of the chain, and ``None`` is the answer for those no one forecast.
+        """
         states = [
             WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail)
             for r in batch
         ]
+        answers: list[np.ndarray | None] = [None] * len(batch)
+        todo = list(range(len(batch)))
         for i, forecaster in enumerate(self.chain):
+            todo = self._try(forecaster, states, todo, answers)
+            if not todo:
+                return answers
+            if i + 1 < len(self.chain):
+                self._fallbacks += 1
+        self._unanswered += len(todo)
+        return answers
+
+    def _try(
+        self,
+        forecaster: Forecaster,
+        states: list[WorkflowState],
+        todo: list[int],
+        answers: list[np.ndarray | None],
+    ) -> list[int]:
+        """Fill ``answers[i]`` for the states ``todo`` that ``forecaster`` forecasts well;
+        return the indices left to the next forecaster."""
+        try:
+            forecasts = np.asarray(forecaster.forecast([states[i] for i in todo]))
+            if forecasts.ndim != 3 or forecasts.shape[0] != len(todo):
+                raise ValueError(
+                    f"{forecaster.name} returned shape {forecasts.shape} for {len(todo)} states"
+                )
+        except Exception:
+            self._failures += 1
+            log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(todo))
+            return todo
+        left = []
+        for i, forecast in zip(todo, forecasts, strict=True):
             try:
-                forecasts = np.asarray(forecaster.forecast(states))
-                if forecasts.shape[0] != len(batch):
-                    raise ValueError(
-                        f"{forecaster.name} returned {forecasts.shape[0]} forecasts"
-                        f" for {len(batch)} states"
-                    )
-                return list(forecasts)
-            except Exception:
-                self._failures += 1
-                log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(batch))
-                if i + 1 < len(self.chain):
-                    self._fallbacks += 1
-        self._unanswered += len(batch)
-        return [None] * len(batch)
+                answers[i] = validate_forecast(forecast, len(self.agents))
+            except ValueError as exc:
+                self._rejected += 1
+                log.warning(
+                    "forecaster %s: rejected forecast for %s: %s",
+                    forecaster.name,
+                    states[i].workflow_id,
+                    exc,
+                )
+                left.append(i)
+        return left
 
     def predictor_statistics(self) -> PredictorStatistics:
         """Return a snapshot of the request, batch and fallback counters."""
@@ -170,4 +208,5 @@ class PredictorActor(Actor):
             self._fallbacks,
             self._failures,
             self._unanswered,
+            self._rejected,
         )

@@ -1,4 +1,4 @@
-"""Workflow scripts: what a WorkflowActor replays, with real token ids.
+"""Workflow scripts: what a replay serves through a live session, with real token ids.
 
 An app (``pbkv.examples``) turns a task into a :class:`Workflow`: the ordered agent
 invocations its router chose, each with its prompt as segments of token ids (shared

@@ -136,4 +136,20 @@ class Engine(Protocol):
 
 
 class EngineError(RuntimeError):
-    """A request failed inside the engine; its leases were released."""
+    """A request failed inside the engine; its leases were released.
+
+    Attributes:
+        retryable: whether the same request may succeed later (an engine restart, a
+            transient fault); ``False`` for :class:`RequestTooLarge`.
+    """
+
+    retryable = True
+
+
+class RequestTooLarge(EngineError):
+    """The request can never fit the GPU tier (prompt + decode budget > capacity).
+
+    Raised by ``generate`` at once, before the request is queued; retrying cannot help.
+    """
+
+    retryable = False

@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 import trio
 
 from pbkv.engines.admission import admit_fcfs
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
 from pbkv.kvmanager import Admission, KVManager, block_keys
 from pbkv.runtime.clock import now_s
 
@@ -71,6 +71,11 @@ class OwnedCacheEngine(Generic[E]):
         self._waiting: deque[E] = deque()
         self._running: list[E] = []
         self._wake = trio.Event()
+        # True while a step's plan runs outside the trio thread (torch: a worker thread
+        # writes into the running requests' blocks); a cancelled request is then taken
+        # out only after the step, by _reap_cancelled.
+        self._executing = False
+        self._cancelled: list[E] = []
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the scheduler loop until cancelled.
@@ -94,6 +99,7 @@ class OwnedCacheEngine(Generic[E]):
                 self._fail(entry, error)
         self._running.clear()
         self._waiting.clear()
+        self._cancelled.clear()
         self._abandon_loads()
 
     def _abandon_loads(self) -> None:
@@ -103,20 +109,70 @@ class OwnedCacheEngine(Generic[E]):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue ``request`` and wait for its result.
 
+        Cancelling the caller (a trio cancel scope around this call) takes the request
+        out of the engine, queued, prefilling or decoding: its lease and reserved blocks
+        are released (at the end of the step in flight, if its blocks are in use), and
+        what it already committed stays in the tree under the KV manager's rules (its
+        workflow's, retired once that ends).
+
         Raises:
             ValueError: an invalid request (see :meth:`_validate`).
-            EngineError: the request can never fit in the GPU tier, or the engine failed.
+            RequestTooLarge: the request can never fit in the GPU tier (at once).
+            EngineError: the engine failed.
         """
         self._validate(request)
-        keys = block_keys(request.prompt_token_ids, self.kv.config.block_size)
+        self._check_fits(request)
+        bs = self.kv.config.block_size
+        keys = block_keys(request.prompt_token_ids, bs, request.namespace)
         entry = self._new_entry(request, keys, now_s())
         self._waiting.append(entry)
         self._wake.set()
-        await entry.done.wait()
+        try:
+            await entry.done.wait()
+        except BaseException:
+            if not entry.done.is_set():
+                self._cancel(entry)
+            raise
         if entry.error is not None:
             raise entry.error
         assert entry.result is not None
         return entry.result
+
+    def _check_fits(self, request: GenerateRequest) -> None:
+        """Raise :class:`RequestTooLarge` if ``request`` needs more than the GPU tier."""
+        needed = self.kv.blocks_needed(len(request.prompt_token_ids), request.max_new_tokens)
+        capacity = self.kv.config.gpu_capacity_blocks
+        if needed > capacity:
+            raise RequestTooLarge(
+                f"request {request.request_id}: request needs {needed} GPU blocks; "
+                f"the tier holds {capacity}"
+            )
+
+    def _cancel(self, entry: E) -> None:
+        """Take the request of a cancelled caller out of the engine (§10).
+
+        Mutates: the queue, the running batch, the KV manager (via :meth:`_fail`).
+        """
+        error = EngineError(f"request {entry.request.request_id}: cancelled by its caller")
+        if entry in self._waiting:
+            self._waiting.remove(entry)
+        elif self._executing:
+            self._cancelled.append(entry)  # its blocks are in use until the step ends
+            return
+        elif entry in self._running:
+            self._running.remove(entry)
+        self._fail(entry, error)
+        self._wake.set()
+
+    def _reap_cancelled(self) -> None:
+        """Fail the requests cancelled while a step was executing (call after the step)."""
+        cancelled, self._cancelled = self._cancelled, []
+        for entry in cancelled:
+            if entry.done.is_set():
+                continue  # it finished in that very step
+            if entry in self._running:
+                self._running.remove(entry)
+            self._fail(entry, EngineError(f"request {entry.request.request_id}: cancelled"))
 
     async def _wait_for_work(self, deadline_s: float = math.inf) -> None:
         """Sleep until a request arrives or the clock reaches ``deadline_s``."""

@@ -17,9 +17,15 @@ from pbkv.examples.codegen import (
     sample_path,
     sample_task,
 )
-from pbkv.examples.data import DATA_DIR_ENV, find_data_dir
+from pbkv.examples.data import BUNDLED_DATA_DIR, DATA_DIR_ENV, find_data_dir, find_data_file
 from pbkv.examples.financebench import FinanceBenchApp, FinanceTask
 from pbkv.examples.hover import MAX_REPLANS, HoverApp, HoverTask
+from pbkv.examples.mooncake import (
+    MOONCAKE_BLOCK_TOKENS,
+    MOONCAKE_TRACES,
+    MooncakeRequest,
+    load_mooncake,
+)
 from pbkv.examples.swebench import MAX_CODER_TURNS, SwebenchApp, SwebenchTask
 from pbkv.examples.taubench import TOOL_LATENCY_S, Episode, TauBenchApp, load_episodes
 from pbkv.examples.tokenizer import (
@@ -34,7 +40,10 @@ from pbkv.examples.tokenizer import (
 )
 
 __all__ = [
+    "BUNDLED_DATA_DIR",
     "DATA_DIR_ENV",
+    "MOONCAKE_BLOCK_TOKENS",
+    "MOONCAKE_TRACES",
     "MAX_CODER_TURNS",
     "MAX_REPLANS",
     "MAX_RETRIES",
@@ -47,6 +56,7 @@ __all__ = [
     "FinanceTask",
     "HoverApp",
     "HoverTask",
+    "MooncakeRequest",
     "SwebenchApp",
     "SwebenchTask",
     "TauBenchApp",
@@ -58,8 +68,10 @@ __all__ = [
     "encode_batch",
     "failure_probability",
     "find_data_dir",
+    "find_data_file",
     "get_app",
     "load_episodes",
+    "load_mooncake",
     "load_tokenizer",
     "register_app",
     "sample_path",

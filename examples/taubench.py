@@ -1,6 +1,6 @@
 """The ``taubench`` app: a replay of the 200 real τ-bench airline episodes (§8).
 
-Source: ``taubench/gpt-4o-airline.json`` in the shared data directory (see
+Source: ``taubench/gpt-4o-airline.json`` (bundled gzipped, MIT licence beside it; see
 :func:`pbkv.examples.data.find_data_dir`). Each episode becomes one workflow whose steps
 are its LLM calls, in order:
 
@@ -46,7 +46,7 @@ import numpy as np
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.examples.apps import check_count, register_app
 from pbkv.examples.chat import END_OF_TURN, render_message
-from pbkv.examples.data import find_data_dir
+from pbkv.examples.data import find_data_file, read_data_text
 from pbkv.examples.tokenizer import encode
 from pbkv.predictor.trace import END
 
@@ -101,7 +101,8 @@ class TauBenchApp:
     """Replay of the τ-bench airline trajectories (see the module docstring).
 
     Args:
-        data_dir: the shared data directory; found by :func:`find_data_dir` when omitted.
+        data_dir: a data directory holding ``taubench/``; ``$PBKV_DATA_DIR`` or the bundled
+            traces when omitted (see :func:`pbkv.examples.data.find_data_dir`).
     """
 
     name = "taubench"
@@ -125,9 +126,7 @@ class TauBenchApp:
             FileNotFoundError: the data directory or file is missing.
             ValueError: the file is not a list of τ-bench episodes (names the field).
         """
-        path = (find_data_dir(self._data_dir) / DATA_FILE).resolve()
-        if not path.is_file():
-            raise FileNotFoundError(f"τ-bench trajectories not found at {path}")
+        path = find_data_file(DATA_FILE, self._data_dir).resolve()
         stat = path.stat()
         return load_episodes(path, stat.st_size, stat.st_mtime_ns)
 
@@ -167,7 +166,7 @@ class TauBenchApp:
 
 @functools.cache
 def load_episodes(path: Path, size_bytes: int, mtime_ns: int) -> tuple[Episode, ...]:
-    """Parse and tokenize the trajectories file (cached per file version).
+    """Parse and tokenize the trajectories file, plain or gzipped (cached per file version).
 
     ``size_bytes`` and ``mtime_ns`` only key the cache. Tokenizing all 200 episodes takes
     about a second, so nothing is cached on disk.
@@ -176,7 +175,7 @@ def load_episodes(path: Path, size_bytes: int, mtime_ns: int) -> tuple[Episode, 
         ValueError: the file is not valid JSON or an episode lacks a field (names it).
     """
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(read_data_text(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON: {exc}") from exc
     if not isinstance(raw, list) or not raw:

@@ -14,7 +14,7 @@ from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import POLICIES, Policy, get_policy
 from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
-from pbkv.kvmanager.scoring import ScoreBoard, agent_weights
+from pbkv.kvmanager.scoring import ScoreBoard, agent_weights, validate_forecast
 from pbkv.kvmanager.stats import KVStatistics
 
 __all__ = [
@@ -42,4 +42,5 @@ __all__ = [
     "agent_weights",
     "block_keys",
     "get_policy",
+    "validate_forecast",
 ]

@@ -4,33 +4,54 @@ Two prompts share a block key exactly when they share every token up to the end 
 that block (as vLLM's prefix-caching block hashes do), so the radix tree matches on
 integer keys instead of token lists. Only full blocks have keys; a partial tail block is
 never cached.
+
+Each key is a 128-bit BLAKE2b digest of the previous key and the block's token ids as
+little-endian int64 bytes, the chain seeded with the namespace (tenant / cache salt), as
+vLLM moved from Python's ``hash()`` to SHA-256 of the parent hash and the block's tokens.
+Python's ``hash()`` collides on purpose-built inputs (``hash(-1) == hash(-2)``), and a
+collision would hand one prompt another's KV; a cryptographic digest does not, and its
+keys are the same in every process.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
+import numpy as np
 
-def block_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
+_DIGEST_BYTES = 16
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, namespace: str = "") -> list[int]:
     """Return one chained key per full block of ``token_ids``.
 
     Args:
-        token_ids: the prompt (or prompt + output) token ids.
+        token_ids: the prompt (or prompt + output) token ids, each fitting int64.
         block_size: tokens per KV block, > 0.
+        namespace: tenant / cache salt mixed into every key (the radix tree also keeps
+            namespaces apart; this keeps keys apart wherever they travel).
 
     Returns:
-        ``len(token_ids) // block_size`` ints; key ``i`` depends on tokens
-        ``[0, (i+1) * block_size)``.
+        ``len(token_ids) // block_size`` non-negative ints below ``2**128``; key ``i``
+        depends on the namespace and tokens ``[0, (i+1) * block_size)``.
 
     Raises:
-        ValueError: ``block_size`` is not positive.
+        ValueError: ``block_size`` is not positive, or a token id does not fit int64.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
-    tokens = tuple(token_ids)
+    n_blocks = len(token_ids) // block_size
+    if n_blocks == 0:
+        return []
+    try:
+        data = np.asarray(token_ids[: n_blocks * block_size], dtype="<i8").tobytes()
+    except OverflowError as exc:
+        raise ValueError(f"a token id does not fit int64: {exc}") from exc
+    step = block_size * 8
+    parent = hashlib.blake2b(namespace.encode(), digest_size=_DIGEST_BYTES).digest()
     keys: list[int] = []
-    key = 0
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        key = hash((key, tokens[start : start + block_size]))
-        keys.append(key)
+    for start in range(0, len(data), step):
+        parent = hashlib.blake2b(parent + data[start : start + step], digest_size=16).digest()
+        keys.append(int.from_bytes(parent, "little"))
     return keys

@@ -7,6 +7,7 @@ forecasts. Plain synchronous code: no trio, no torch.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class _Counters:
     prefetch_issued_blocks: int = 0
     prefetch_used_blocks: int = 0
     rejected_admissions: int = 0
+    rejected_forecasts: int = 0
 
 
 class KVManager:
@@ -437,12 +441,23 @@ class KVManager:
     def on_forecast(self, workflow_id: str, forecast: np.ndarray, agents: Sequence[str]) -> int:
         """Refresh the scores of ``workflow_id``'s nodes from a ``(K, |V|+1)`` forecast.
 
+        A malformed forecast (wrong shape, not finite, negative, rows not summing to 1;
+        see :func:`~pbkv.kvmanager.scoring.validate_forecast`) is rejected here, at the
+        boundary: it is counted (``rejected_forecasts``), logged, and the workflow keeps
+        its last scores, so nothing malformed ever reaches an eviction key.
+
         Returns:
-            Nodes refreshed. A policy that does not use forecasts ignores them (0).
+            Nodes refreshed: 0 for a rejected forecast, or when the policy does not use
+            forecasts.
         """
         if not self.policy.uses_forecasts:
             return 0
-        return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
+        try:
+            return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
+        except (ValueError, TypeError, IndexError) as exc:
+            self._counters.rejected_forecasts += 1
+            log.warning("rejected forecast for workflow %s: %s", workflow_id, exc)
+            return 0
 
     def on_agent_invoked(self, workflow_id: str, agent: str, step: int) -> None:
         """Note that ``workflow_id`` runs ``agent`` as its ``step``-th invocation (baselines)."""
@@ -482,6 +497,7 @@ class KVManager:
             prefetch_used_blocks=c.prefetch_used_blocks,
             prefetch_wasted_blocks=t.prefetch_wasted_blocks,
             rejected_admissions=c.rejected_admissions,
+            rejected_forecasts=c.rejected_forecasts,
             score_refreshed_nodes=self.scores.refreshed_nodes,
         )
 

@@ -14,11 +14,43 @@ So a forecast for ``w`` changes only the nodes ``w`` touched, each by
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from pbkv.kvmanager.node import Node
+
+ROW_SUM_TOLERANCE = 1e-4
+"""How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
+ENDED_MEMORY = 65_536
+"""Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
+
+
+def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
+    """Return ``forecast`` as float64 if it is a well-formed K-step forecast.
+
+    Args:
+        forecast: shape ``(K, n_agents + 1)``, ``K >= 1``; END is the last column; each
+            row a probability distribution (see :mod:`pbkv.predictor.base`).
+        n_agents: the number of agent columns.
+
+    Raises:
+        ValueError: the shape does not fit, or a value is not finite, negative, or a
+            row does not sum to 1 (within :data:`ROW_SUM_TOLERANCE`); the message says which.
+    """
+    array = np.asarray(forecast, dtype=np.float64)
+    if array.ndim != 2 or array.shape[0] < 1 or array.shape[1] != n_agents + 1:
+        raise ValueError(f"forecast shape {array.shape} does not fit {n_agents} agents + END")
+    if not np.isfinite(array).all():
+        raise ValueError("forecast holds values that are not finite")
+    if (array < 0).any():
+        raise ValueError(f"forecast holds negative probabilities (min {array.min():.3g})")
+    sums = array.sum(axis=1)
+    worst = int(np.abs(sums - 1.0).argmax())
+    if abs(sums[worst] - 1.0) > ROW_SUM_TOLERANCE:
+        raise ValueError(f"forecast row {worst} sums to {sums[worst]:.6g}; rows must sum to 1")
+    return array
 
 
 def agent_weights(
@@ -36,10 +68,9 @@ def agent_weights(
         step-1 distribution ``P^(1)[a]`` (the prefetch value of §5.4).
 
     Raises:
-        ValueError: the forecast's shape does not match ``agents``.
+        ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
-    if forecast.ndim != 2 or forecast.shape[1] != len(agents) + 1:
-        raise ValueError(f"forecast shape {forecast.shape} does not fit {len(agents)} agents + END")
+    forecast = validate_forecast(forecast, len(agents))
     alive = np.concatenate(([1.0], np.cumprod(1.0 - forecast[:-1, -1])))
     decay = gamma ** np.arange(forecast.shape[0])
     u = (decay * alive) @ forecast[:, :-1]
@@ -51,32 +82,51 @@ def agent_weights(
 class ScoreBoard:
     """Per-workflow weights and per-node scores.
 
+    Memory is bounded by the active workflows plus the ids of the last ``ended_memory``
+    terminated ones (kept so that a late touch retires instead of reviving); a long-running
+    server does not grow with the workflows it has served.
+
     Args:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
+        ended_memory: terminated workflow ids remembered, >= 1.
     """
 
-    def __init__(self, reprioritize: Callable[[Node], None], gamma: float) -> None:
+    def __init__(
+        self,
+        reprioritize: Callable[[Node], None],
+        gamma: float,
+        *,
+        ended_memory: int = ENDED_MEMORY,
+    ) -> None:
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        if ended_memory < 1:
+            raise ValueError(f"ended_memory must be >= 1, got {ended_memory}")
+        self.ended_memory = ended_memory
         self.gamma = gamma
         self._reprioritize = reprioritize
         self._weights: dict[str, dict[str, float]] = {}
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
-        self._ended: set[str] = set()
+        self._ended: OrderedDict[str, None] = OrderedDict()
         self.refreshed_nodes = 0
 
     @property
     def active_workflows(self) -> list[str]:
         return list(self._nodes)
 
+    @property
+    def ended_workflows(self) -> int:
+        """Terminated workflow ids remembered (at most ``ended_memory``)."""
+        return len(self._ended)
+
     def nodes_of(self, workflow_id: str) -> set[Node]:
         return self._nodes.get(workflow_id, set())
 
     def start(self, workflow_id: str) -> None:
         """Register an active workflow (no forecast yet: its weights are zero)."""
-        self._ended.discard(workflow_id)
+        self._ended.pop(workflow_id, None)
         self._nodes.setdefault(workflow_id, set())
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
@@ -84,11 +134,14 @@ class ScoreBoard:
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
 
-        A workflow that has terminated is not brought back by a late request.
+        A workflow that has terminated is not brought back by a late request: what the
+        late request used and no active workflow touched is retired, as it would have
+        been had the request finished before the workflow did.
 
         Mutates: node accessors, scores, retired flags.
         """
         if workflow_id in self._ended:
+            self._retire_unowned(nodes)
             return
         self.start(workflow_id)
         weight = self._weights[workflow_id].get(agent, 0.0)
@@ -103,16 +156,29 @@ class ScoreBoard:
             mine.add(node)
             self._reprioritize(node)
 
+    def _retire_unowned(self, nodes: Iterable[Node]) -> None:
+        for node in nodes:
+            if not node.accessors and not node.retired:
+                node.retired = True
+                node.score = 0.0
+                self._reprioritize(node)
+
     def set_forecast(self, workflow_id: str, forecast: np.ndarray, agents: Sequence[str]) -> int:
         """Apply a new K-step forecast for ``workflow_id`` to the nodes it touched.
 
         Returns:
-            The number of nodes refreshed.
+            The number of nodes refreshed (0 for a terminated workflow).
+
+        Raises:
+            ValueError: the forecast is malformed (:func:`validate_forecast`); nothing
+                changes.
 
         Mutates: scores of the workflow's nodes only.
         """
-        self.start(workflow_id)
         new, next_step = agent_weights(forecast, agents, self.gamma)
+        if workflow_id in self._ended:
+            return 0  # a late forecast does not revive a terminated workflow
+        self.start(workflow_id)
         old = self._weights[workflow_id]
         self._weights[workflow_id] = new
         self._next[workflow_id] = next_step
@@ -130,7 +196,10 @@ class ScoreBoard:
 
         Mutates: accessors, scores, retired flags of the workflow's nodes.
         """
-        self._ended.add(workflow_id)
+        self._ended[workflow_id] = None
+        self._ended.move_to_end(workflow_id)
+        while len(self._ended) > self.ended_memory:
+            self._ended.popitem(last=False)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):

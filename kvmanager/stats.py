@@ -29,6 +29,7 @@ class KVStatistics(msgspec.Struct, frozen=True):
     prefetch_wasted_blocks: int
     rejected_admissions: int
     score_refreshed_nodes: int
+    rejected_forecasts: int = 0
 
     @property
     def gpu_hit_rate(self) -> float:

@@ -7,6 +7,14 @@ tools and routers on top of them, and its call graph feeds the predictor.
 
 from .build import BuiltEngine, RuntimeConfig, build_engine, open_runtime
 from .chat import ChatFormat, PromptTooLong
+from .driver import (
+    replay_workflow,
+    run_workflow,
+    serve_app,
+    serve_replays,
+    simulate_workflow,
+)
+from .graph import END, START, App, LiveTask, State, ToolResult, Turn
 from .session import (
     Delta,
     Overloaded,
@@ -20,9 +28,13 @@ from .session import (
 )
 
 __all__ = [
+    "END",
+    "START",
+    "App",
     "BuiltEngine",
     "ChatFormat",
     "Delta",
+    "LiveTask",
     "Overloaded",
     "PromptTooLong",
     "Reply",
@@ -31,8 +43,16 @@ __all__ = [
     "RuntimeConfig",
     "RuntimeStatistics",
     "Simulated",
+    "State",
+    "ToolResult",
+    "Turn",
     "WorkflowEnded",
     "WorkflowSession",
     "build_engine",
     "open_runtime",
+    "replay_workflow",
+    "run_workflow",
+    "serve_app",
+    "serve_replays",
+    "simulate_workflow",
 ]

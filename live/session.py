@@ -56,6 +56,14 @@ class Overloaded(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class CallFailed(EngineError):
+    """The engine failed a call; ``step`` is the step to pass back when retrying it."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 class WorkflowEnded(RuntimeError):
     """A call was made on a workflow session that has already ended."""
 
@@ -335,6 +343,7 @@ class WorkflowSession:
         sampling: Sampling = GREEDY,
         simulated: Simulated | None = None,
         context_tail: str = "",
+        step: int | None = None,
     ) -> Reply:
         """Call ``agent`` on ``prompt`` and return its reply.
 
@@ -347,12 +356,14 @@ class WorkflowSession:
             simulated: the reply on an engine that samples no text (sim); real engines
                 ignore it. Without it the sim emits ``max_new_tokens`` filler tokens.
             context_tail: the newest text in the context, for text-reading predictors.
+            step: the step this call repeats (a retry after :class:`CallFailed`, whose
+                ``step`` it is); default the workflow's next step.
 
         Raises:
             ValueError / TypeError: bad arguments; ``PromptTooLong`` past the context.
             WorkflowEnded: the session has ended.
             Overloaded: too many calls in flight in the runtime.
-            EngineError: the engine failed the request.
+            CallFailed: the engine failed the request (an ``EngineError``).
         """
         async with self.stream(
             agent,
@@ -361,6 +372,7 @@ class WorkflowSession:
             sampling=sampling,
             simulated=simulated,
             context_tail=context_tail,
+            step=step,
             _stream=False,
         ) as stream:
             async for _ in stream:
@@ -377,6 +389,7 @@ class WorkflowSession:
         sampling: Sampling = GREEDY,
         simulated: Simulated | None = None,
         context_tail: str = "",
+        step: int | None = None,
         _stream: bool = True,
     ) -> ReplyStream:
         """Call ``agent`` and stream its reply: ``async with wf.stream(...) as s``.
@@ -396,7 +409,7 @@ class WorkflowSession:
         segments = self._segments(prompt)
         scripted: tuple[int, ...] = ()
         if not self.runtime.samples_tokens:
-            scripted = self._scripted(simulated, max_new_tokens)
+            scripted = scripted_output(self.runtime.chat, simulated, max_new_tokens)
             max_new_tokens = len(scripted)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         if prompt_tokens == 0:
@@ -413,6 +426,7 @@ class WorkflowSession:
             gap_s,
             context_tail,
             _stream,
+            step,
         )
 
     async def end(self, reason: TerminationReason = "end") -> None:
@@ -444,19 +458,29 @@ class WorkflowSession:
             return tuple(prompt)  # type: ignore[arg-type]
         return chat.segments(prompt)  # type: ignore[arg-type]
 
-    def _scripted(self, simulated: Simulated | None, max_new_tokens: int) -> tuple[int, ...]:
-        """Return the output ids the sim engine emits for this call."""
-        chat = self.runtime.chat
-        if simulated is not None and simulated.token_ids is not None:
-            if not simulated.token_ids:
-                raise ValueError("simulated.token_ids must not be empty")
-            return tuple(simulated.token_ids)
-        text = simulated.text if simulated is not None else ""
-        wanted = simulated.output_tokens if simulated is not None else max_new_tokens
-        body = chat.encode(text) if text else ()
-        stop = chat.encode(chat.stop_text)
-        filler = max(0, wanted - len(body) - len(stop))
-        return body + _filler_ids(chat) * filler + stop
+
+def scripted_output(
+    chat: ChatFormat, simulated: Simulated | None, max_new_tokens: int
+) -> tuple[int, ...]:
+    """Return the output ids the sim engine emits for a call.
+
+    ``simulated.token_ids`` as given; else its text, padded with filler to its
+    ``output_tokens`` (or to ``max_new_tokens`` without a simulated reply), then the
+    end-of-turn marker.
+
+    Raises:
+        ValueError: ``simulated.token_ids`` is empty.
+    """
+    if simulated is not None and simulated.token_ids is not None:
+        if not simulated.token_ids:
+            raise ValueError("simulated.token_ids must not be empty")
+        return tuple(simulated.token_ids)
+    text = simulated.text if simulated is not None else ""
+    wanted = simulated.output_tokens if simulated is not None else max_new_tokens
+    body = chat.encode(text) if text else ()
+    stop = chat.encode(chat.stop_text)
+    filler = max(0, wanted - len(body) - len(stop))
+    return body + _filler_ids(chat) * filler + stop
 
 
 def _filler_ids(chat: ChatFormat) -> tuple[int, ...]:
@@ -482,6 +506,7 @@ class ReplyStream:
         gap_s: float,
         context_tail: str,
         streaming: bool,
+        step: int | None = None,
     ) -> None:
         self.session = session
         self.agent = agent
@@ -494,6 +519,7 @@ class ReplyStream:
         self.streaming = streaming
         self.reply: Reply | None = None
         self.step = -1
+        self._retry_step = step
         self._tokens, self._receive = trio.open_memory_channel[int | InvocationDone](math.inf)
         self._decoder = IncrementalDecoder(session.runtime.chat.decode)
         self._invocation = ""
@@ -567,7 +593,7 @@ class ReplyStream:
 
     async def _submit(self) -> None:
         session, rt = self.session, self.session.runtime
-        self.step = next(session._steps)
+        self.step = next(session._steps) if self._retry_step is None else self._retry_step
         session._agents.setdefault(self.agent, None)
         self._invocation = f"{session.workflow_id}/{self.step}"
         self._agent_ref = await rt._agent(self.agent)
@@ -614,7 +640,7 @@ class ReplyStream:
         session, rt = self.session, self.session.runtime
         rt.calls_in_flight -= 1
         if done.error is not None:
-            raise EngineError(f"{self.agent} (step {self.step}): {done.error}")
+            raise CallFailed(f"{self.agent} (step {self.step}): {done.error}", self.step)
         result: GenerateResult = done.result
         at = now_s()
         hidden = None if result.hidden is None else result.hidden.tolist()

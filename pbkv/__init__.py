@@ -11,8 +11,12 @@ predictor and engine actors), :mod:`pbkv.kvmanager` (radix tree, policies),
 from pbkv.actors.workload import Segment
 from pbkv.engines.base import EngineError, Sampling
 from pbkv.live import (
+    END,
+    START,
+    App,
     ChatFormat,
     Delta,
+    LiveTask,
     Overloaded,
     PromptTooLong,
     Reply,
@@ -22,13 +26,19 @@ from pbkv.live import (
     WorkflowEnded,
     WorkflowSession,
     open_runtime,
+    run_workflow,
+    serve_app,
 )
 
 __version__ = "0.1.0"
 __all__ = [
+    "END",
+    "START",
+    "App",
     "ChatFormat",
     "Delta",
     "EngineError",
+    "LiveTask",
     "Overloaded",
     "PromptTooLong",
     "Reply",
@@ -41,4 +51,6 @@ __all__ = [
     "WorkflowSession",
     "__version__",
     "open_runtime",
+    "run_workflow",
+    "serve_app",
 ]

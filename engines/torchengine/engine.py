@@ -267,9 +267,11 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self._prefetch()  # idle space and idle bandwidth only (§5.4)
             plan = _StepPlan(self._take_copies(plan.copies), plan.prefills, plan.decodes)
         started = now_s()
+        self._executing = True
         try:
             done = await trio.to_thread.run_sync(self._execute, plan)
         except BaseException as exc:
+            self._executing = False
             stopped = isinstance(exc, trio.Cancelled)
             message = (
                 "engine stopped" if stopped else f"engine step failed: {type(exc).__name__}: {exc}"
@@ -277,12 +279,14 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self._fail_all(EngineError(message))
             self._abandon_copies(plan.copies)
             raise
+        self._executing = False
         for item in self._inflight:
             if item.done is None:
                 item.done = done
         if plan.decodes and not plan.prefills:
             self._decode_step_s = 0.8 * self._decode_step_s + 0.2 * (now_s() - started)
         self._apply(plan)
+        self._reap_cancelled()  # after _apply: what they computed is committed first
         self._counters.steps += 1
         if self.config.check_integrity:
             self.kv.check_integrity()
@@ -341,7 +345,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         req, adm = entry.request, entry.admission
         assert adm is not None
         computed = req.prompt_token_ids + tuple(entry.output[:-1])  # the last has no KV yet
-        self.kv.commit(adm, block_keys(computed, self.kv.config.block_size))
+        self.kv.commit(adm, block_keys(computed, self.kv.config.block_size, req.namespace))
         self.kv.release(adm)
         self._running.remove(entry)
         entry.cache = None
@@ -375,7 +379,13 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
     def _abandon_copies(self, copies: Sequence[BlockCopy]) -> None:
         """After a failed step: fail the loads that did not land and forget host copies
         whose device-to-host copy may not have run, so no node is left resident on
-        data that was never copied (§5.1, §10)."""
+        data that was never copied (§5.1, §10).
+
+        The step may have issued some of its copies on the copy stream before it failed;
+        they are waited for first, so that no block is freed while a copy still writes
+        into it.
+        """
+        self.pools.synchronize()
         for item in [i for i in self._inflight if i.done is None]:
             self._inflight.remove(item)
             self._loading.discard(item.load)

@@ -162,6 +162,15 @@ class PagedKVPools:
                     compute.wait_event(_recorded(stream))
             return CopyDone(_recorded(stream))
 
+    def synchronize(self) -> None:
+        """Block until every copy issued so far has landed (a no-op on CPU).
+
+        Call before handing the destination blocks of copies that may still be in
+        flight back to an allocator: a late copy would write into reused blocks.
+        """
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+
     def _copy_one(self, c: BlockCopy, *, non_blocking: bool) -> None:
         src, dst = (self.gpu, self.host) if c.to_host else (self.host, self.gpu)
         for s, d, n in _runs(c.src_blocks, c.dst_blocks):

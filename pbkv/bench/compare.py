@@ -208,7 +208,9 @@ def _future_steps(wf: Workflow, cost: CostModel, config: BenchConfig) -> list[Fu
     steps, offset = [], 0.0
     for s in wf.steps:
         offset += s.gap_s
-        steps.append(FutureStep(block_keys(s.prompt_token_ids, config.block_size), offset))
+        steps.append(
+            FutureStep(block_keys(s.prompt_token_ids, config.block_size, wf.tenant), offset)
+        )
         offset += cost.prefill_s(s.prompt_tokens) + s.output_tokens * decode_s
     return steps
 

@@ -119,6 +119,37 @@ async def test_a_failing_model_falls_back_to_the_next(autojump_clock):
     )
 
 
+class Malformed:
+    """Returns a NaN forecast for even workflows and a negative one for ``w1``."""
+
+    name = "malformed"
+    agents = AGENTS
+    horizon = HORIZON
+
+    def forecast(self, states):
+        out = np.zeros((len(states), HORIZON, len(AGENTS) + 1))
+        out[:, :, -1] = 1.0
+        for b, state in enumerate(states):
+            i = int(state.workflow_id[1:])
+            if i % 2 == 0:
+                out[b, 0, 0] = np.nan
+            elif i == 1:
+                out[b, 0, :2] = (-3.0, 3.0)
+        return out
+
+
+async def test_malformed_forecasts_are_rejected_and_fall_back(autojump_clock, caplog):
+    actor = PredictorActor([Malformed(), Counting()])
+    replies = await ask_all(actor, 5)
+    assert all(np.isfinite(f).all() and (f >= 0).all() for f in replies.values())
+    for i in (0, 1, 2, 4):  # answered by the fallback
+        assert replies[i][0, 0] == pytest.approx(i / 100)
+    assert replies[3][0, -1] == 1.0  # the first model's well-formed forecast stands
+    stats = actor.predictor_statistics()
+    assert (stats.rejected, stats.fallbacks, stats.failures, stats.unanswered) == (4, 1, 0, 0)
+    assert caplog.text.count("malformed: rejected forecast for w") == 4
+
+
 async def test_when_every_model_fails_the_reply_is_none(autojump_clock):
     first, second = Raising(), Raising()
     actor = PredictorActor([first, second])

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from pbkv.engines.base import EngineError, GenerateRequest
+from pbkv.engines.base import EngineError, GenerateRequest, RequestTooLarge
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.profile import load_hardware, load_model
@@ -283,4 +283,82 @@ async def test_a_cancelled_engine_fails_its_requests_and_leaves_no_lease(autojum
     async with running(engine):  # restarted over the same KV manager
         again = await engine.generate(request("a3", prompt(0)))
     assert again.cached_gpu_tokens + again.cached_host_tokens > 0
+    assert_no_leases(engine)
+
+
+# -- cancellation and requests that can never fit (issue 9) --------------------------------
+
+
+async def test_a_caller_cancelled_while_prefilling_takes_its_request_out(autojump_clock):
+    # 4000 tokens in 128-token chunks: 32 prefill steps, 251 blocks reserved
+    engine = make_engine(gpu_blocks=300, host_blocks=0, max_prefill_tokens=128)
+    first_chunk_s = COST.step_s([(128, 0)], 0, 0)
+    async with running(engine):
+        with trio.move_on_after(2.5 * first_chunk_s) as scope:
+            await engine.generate(request("long", prompt(0, 4000), max_new_tokens=16))
+        assert scope.cancelled_caught
+        assert engine._running == [] and not engine._waiting  # gone at once
+        assert_no_leases(engine)
+        assert engine.kv.tree.nodes() == []  # nothing of it was committed
+        await trio.sleep(100.0)  # long past when it would have finished
+        assert engine.kv.tree.nodes() == []
+        ok = await engine.generate(request("next", prompt(0, 100)))
+    assert ok.computed_tokens == 100
+    assert_no_leases(engine)
+
+
+async def test_a_caller_cancelled_while_decoding_or_queued_releases_everything(autojump_clock):
+    engine = make_engine(gpu_blocks=40, host_blocks=0)  # room for one 32-block request
+    async with running(engine):
+        prefill_s = COST.prefill_s(PROMPT, 0)
+        async with trio.open_nursery() as nursery:
+
+            async def queued():
+                with trio.move_on_after(prefill_s):  # cancelled while "a" holds the GPU
+                    await engine.generate(request("b", prompt(10_000), max_new_tokens=3))
+
+            nursery.start_soon(queued)
+            with trio.move_on_after(prefill_s + 3 * COST.decode_step_s(1, PROMPT)):
+                await engine.generate(request("a", prompt(0), max_new_tokens=100))
+        assert engine._running == [] and not engine._waiting
+        assert_no_leases(engine)
+        # "a"'s prompt was committed before it was cancelled: it stays cached
+        again = await engine.generate(request("a2", prompt(0), max_new_tokens=2))
+    assert again.cached_gpu_tokens == (PROMPT // BS) * BS
+    assert_no_leases(engine)
+
+
+async def test_a_cancelled_request_leaves_its_workflow_nothing_unretired(autojump_clock):
+    engine = make_engine(policy="he", gpu_blocks=300, host_blocks=0, max_prefill_tokens=128)
+    kv = engine.kv
+    kv.on_workflow_started("w")
+    async with running(engine):
+        await engine.generate(request("w/0", prompt(0, 256), workflow="w", agent="coder"))
+        with trio.move_on_after(COST.step_s([(128, 256)], 0, 0)):
+            await engine.generate(request("w/1", prompt(0, 4000), workflow="w", agent="coder"))
+        kv.on_workflow_terminated("w")  # the workflow gave up on it
+        await trio.sleep(100.0)
+    assert kv.tree.cached_blocks("gpu") == 256 // BS  # only the finished request's blocks
+    assert all(n.retired and not n.accessors for n in kv.tree.nodes())
+    assert_no_leases(engine)
+
+
+async def test_a_request_that_can_never_fit_fails_at_once(autojump_clock):
+    engine = make_engine(gpu_blocks=40, host_blocks=0)
+    outcome = {}
+    async with running(engine), trio.open_nursery() as nursery:
+
+        async def submit(rid, tokens, new):
+            outcome[rid] = await engine.generate(request(rid, tokens, max_new_tokens=new))
+
+        nursery.start_soon(submit, "a", prompt(0), 100)  # holds 38 of the 40 blocks
+        await trio.sleep(0.001)
+        nursery.start_soon(submit, "b", prompt(10_000), 3)  # waits: head of the queue
+        await trio.sleep(0.001)
+        t0 = trio.current_time()
+        with pytest.raises(RequestTooLarge, match="needs 63 GPU blocks; the tier holds 40"):
+            await engine.generate(request("huge", prompt(20_000, 1000), max_new_tokens=8))
+        assert trio.current_time() == t0  # not queued behind "a" and "b"
+    assert set(outcome) == {"a", "b"}
+    assert not RequestTooLarge("x").retryable and EngineError("x").retryable
     assert_no_leases(engine)

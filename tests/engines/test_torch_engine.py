@@ -17,7 +17,7 @@ import pytest
 import torch
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
 from pbkv.engines.torchengine import (
     BlockCopy,
     DemoConfig,
@@ -312,6 +312,95 @@ async def test_bad_requests_raise_and_the_engine_keeps_serving(tiny: torch.nn.Mo
         ok = await engine.generate(request("ok", random_prompt(10, seed=8), new=2))
     assert len(ok.output_token_ids) == 2
     kv.check_integrity()
+
+
+async def test_a_caller_cancelled_mid_prefill_takes_its_request_out(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny, gpu=64, host=0, max_prefill_tokens=8)
+    prompt = random_prompt(200, seed=9)  # 25 prefill steps, 52 blocks reserved
+    async with running(engine):
+        with trio.CancelScope() as scope:
+
+            async def cancel_mid_prefill() -> None:
+                while not (engine._running and 0 < engine._running[0].pos < 100):
+                    await trio.sleep(0.001)
+                scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_mid_prefill)
+                await engine.generate(request("long", prompt, new=4))
+        assert scope.cancelled_caught
+        with trio.fail_after(10):  # out at the end of the step in flight
+            while engine._running:
+                await trio.sleep(0.001)
+        kv.check_integrity()
+        assert kv.tree.private_blocks("gpu") == 0 and kv.tree.nodes() == []
+        ok = await engine.generate(request("ok", prompt[:20], new=2))
+    assert ok.output_token_ids == reference(tiny, prompt[:20], 2)[0]
+    kv.check_integrity()
+    assert all(n.lock_count == 0 for n in kv.tree.nodes())
+
+
+async def test_a_request_that_can_never_fit_fails_before_queueing(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny, gpu=8)
+    with trio.fail_after(5), pytest.raises(RequestTooLarge, match="needs 12 GPU blocks; the tier"):
+        await engine.generate(request("big", random_prompt(40, seed=7)))  # engine not running
+    assert not engine._waiting
+
+
+@pytest.mark.parametrize("device", DEVICES)
+async def test_a_failed_step_waits_for_its_issued_copies_before_freeing(
+    tiny: torch.nn.Module, device: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tiny if device == "cpu" else load_model("tiny", device=device, dtype=torch.float32)
+    kv, engine = make_engine(model)
+    prompt = random_prompt(40, seed=11)
+    events: list[str] = []
+    synchronize, complete_load = engine.pools.synchronize, kv.complete_load
+
+    def spy_synchronize() -> None:
+        events.append("synchronize")
+        synchronize()
+
+    def spy_complete_load(load, *, ok: bool) -> None:
+        events.append(f"complete_load(ok={ok})")
+        complete_load(load, ok=ok)
+
+    def failing_prefill(chunk) -> None:  # after the step's copies were issued
+        raise RuntimeError("kernel fault")
+
+    with pytest.RaisesGroup(
+        pytest.RaisesExc(RuntimeError, match="kernel fault"),
+        allow_unwrapped=True,
+        flatten_subgroups=True,
+    ):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            await engine.generate(request("first", prompt))
+            kv.tree.evict("gpu", kv.config.gpu_capacity_blocks)  # demote: a reload next
+            monkeypatch.setattr(engine.pools, "synchronize", spy_synchronize)
+            monkeypatch.setattr(kv, "complete_load", spy_complete_load)
+            monkeypatch.setattr(engine, "_prefill", failing_prefill)
+            errors: list[str] = []
+
+            async def caller(rid: str, tokens: tuple[int, ...]) -> None:
+                try:
+                    await engine.generate(request(rid, tokens))
+                except EngineError as exc:
+                    errors.append(str(exc))
+
+            async with trio.open_nursery() as callers:  # one step: reload copies + a prefill
+                callers.start_soon(caller, "reload", prompt)
+                callers.start_soon(caller, "other", random_prompt(12, seed=12))
+    assert len(errors) == 2 and all("kernel fault" in e for e in errors)
+    assert "complete_load(ok=False)" in events
+    assert events.index("synchronize") < events.index("complete_load(ok=False)")
+    kv.check_integrity()
+    assert kv.tree.private_blocks("gpu") == 0
+    assert not any(n.loading or n.lock_count for n in kv.tree.nodes())
 
 
 def test_a_kv_config_for_another_model_is_rejected(tiny: torch.nn.Module) -> None:

@@ -4,17 +4,19 @@ from collections import Counter
 
 import pytest
 
-from pbkv.examples import TOOL_LATENCY_S, TauBenchApp, decode, encode, find_data_dir
+from pbkv.examples import TOOL_LATENCY_S, TauBenchApp, decode, encode, find_data_file
+from pbkv.examples.data import read_data_text
 from pbkv.examples.taubench import DATA_FILE, TAIL_CHARS
 
-# Measured in shared/data/README.md: LLM calls of the agent per episode, median 11, max 30.
+# Measured in the reference copy's README (shared/data/README.md): agent LLM calls per episode,
+# median 11, max 30.
 README_AGENT_CALLS_MEDIAN = 11
 README_AGENT_CALLS_MAX = 30
 
 
 @pytest.fixture(scope="module")
 def raw():
-    return json.loads((find_data_dir() / DATA_FILE).read_text())
+    return json.loads(read_data_text(find_data_file(DATA_FILE)))
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +98,9 @@ def test_more_workflows_than_episodes_reuse_each_evenly():
     assert set(Counter(w.task_id for w in workflows).values()) == {2, 3}
 
 
-def test_data_dir_is_explicit_or_from_environment(monkeypatch, tmp_path):
-    with pytest.raises(FileNotFoundError, match="data_dir"):
-        find_data_dir(tmp_path / "missing")
+def test_missing_trajectories_name_the_file(monkeypatch, tmp_path):
     monkeypatch.setenv("PBKV_DATA_DIR", str(tmp_path))
-    assert find_data_dir() == tmp_path.resolve()
-    with pytest.raises(FileNotFoundError, match="gpt-4o-airline.json"):
+    with pytest.raises(FileNotFoundError, match=r"gpt-4o-airline\.json not found"):
         TauBenchApp().generate(1, 0)
 
 

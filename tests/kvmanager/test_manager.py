@@ -70,10 +70,43 @@ def test_concurrent_requests_join_one_load(clock):
     mgr.check_integrity()
 
 
-def test_forecast_shape_is_checked(clock):
-    mgr = make_manager(clock, "pbkv")
-    with pytest.raises(ValueError, match="does not fit"):
-        mgr.on_forecast("w", np.ones((3, 2)), AGENTS)
+def test_bad_forecasts_are_counted_and_never_become_scores(clock, caplog):
+    mgr = make_manager(clock, "pbkv", gpu=64, host=0)
+    mgr.on_workflow_started("w")
+    run(mgr, clock, [1, 2], "w", "coder")
+    node = mgr.tree.match_prefix([1, 2]).node
+    bad = [
+        np.ones((3, 2)),  # wrong shape: used to kill the KV-manager actor
+        np.array([[-3.0, 0.0, 0.0, 4.0]]),  # negative: became a score of -3.0
+        np.array([[0.0, np.nan, 0.0, 1.0]]),  # NaN: broke the eviction heap
+        np.array([[0.5, 0.5, 0.5, 0.5]]),  # unnormalised
+        np.array([[0.0, 0.0, 0.0, 2.0]]),  # END > 1
+    ]
+    for forecast in bad:
+        assert mgr.on_forecast("w", forecast, AGENTS) == 0
+    assert mgr.statistics().rejected_forecasts == len(bad)
+    assert node.score == 0.0
+    assert caplog.text.count("rejected forecast for workflow w") == len(bad)
+    assert mgr.on_forecast("w", np.array([[0.0, 0.5, 0.0, 0.5]]), AGENTS) == 1
+    assert node.score == pytest.approx(0.5)
+
+
+def test_nan_forecasts_keep_the_eviction_order_exact(clock):
+    # 300 single-node workflows with NaN forecasts used to give 34 order inversions
+    mgr = make_manager(clock, "he", gpu=300, host=0)
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        w = f"w{i}"
+        mgr.on_workflow_started(w)
+        run(mgr, clock, [1000 + i], w, "coder")
+        p = rng.random() if i % 3 else np.nan
+        mgr.on_forecast(w, np.array([[0.0, p, 0.0, 1.0 - p]]), AGENTS)
+    scores = []
+    while (victim := mgr.tree.lowest_candidate("gpu")) is not None:
+        scores.append(victim.score)
+        mgr.tree.evict("gpu", victim.num_blocks)
+    assert len(scores) == 300 and not np.isnan(scores).any()
+    assert scores == sorted(scores)
 
 
 def test_commit_over_a_failed_load_raises_and_leaks_nothing(clock):

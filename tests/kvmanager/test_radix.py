@@ -2,7 +2,7 @@
 
 import pytest
 
-from pbkv.kvmanager import RadixTree, block_keys
+from pbkv.kvmanager import RadixTree
 from pbkv.kvmanager.policies import lru_priority
 
 
@@ -19,16 +19,6 @@ def make_tree(clock, gpu=8, host=8):
 def put(tree, keys):
     blocks = tree.allocate_private("gpu", len(keys))
     return tree.insert(keys, blocks)
-
-
-def test_block_keys_chain_over_prefix():
-    a = block_keys([1, 2, 3, 4, 5], 2)
-    b = block_keys([1, 2, 3, 9, 5], 2)
-    assert len(a) == 2
-    assert a[0] == b[0] and a[1] != b[1]
-    assert block_keys([7, 8], 2) != block_keys([1, 2, 7, 8], 2)[1:]
-    with pytest.raises(ValueError):
-        block_keys([1], 0)
 
 
 def test_match_splits_and_counts_tiers(clock):

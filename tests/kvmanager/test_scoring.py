@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys
+from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, validate_forecast
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import run
@@ -49,7 +49,7 @@ def test_agent_weights_by_hand():
 
 
 def test_certain_end_kills_later_steps():
-    forecast = np.array([[0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    forecast = np.array([[0.0, 0.0, 0.0, 1.0], [0.5, 0.25, 0.25, 0.0]])
     u, next_step = agent_weights(forecast, AGENTS, gamma=1.0)
     assert u == {"planner": 0.0, "coder": 0.0, "tester": 0.0}
     assert next_step == {"planner": 0.0, "coder": 0.0, "tester": 0.0}
@@ -267,3 +267,53 @@ def test_random_sequences_keep_scores_exact(ops, gamma):
         elif op[1] in ref.active:
             ref.terminate(op[1])
         ref.check()
+
+
+# -- forecasts are validated where they enter (issue 9) -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("forecast", "reason"),
+    [
+        (np.array([[-0.5, 1.0, 0.5, 0.0]]), "negative"),
+        (np.array([[np.nan, 0.5, 0.25, 0.25]]), "not finite"),
+        (np.array([[0.5, 0.5, 0.5, 0.5]]), "sum to 1"),
+        (np.array([[0.0, 0.0, 0.0, 3.0]]), "sum to 1"),
+        (np.ones((2, 2)) / 2, "does not fit"),
+        (np.ones(4) / 4, "does not fit"),
+        (np.zeros((0, 4)), "does not fit"),
+    ],
+)
+def test_bad_forecasts_are_refused_with_the_reason(forecast, reason):
+    with pytest.raises(ValueError, match=reason):
+        validate_forecast(forecast, len(AGENTS))
+    with pytest.raises(ValueError, match=reason):
+        agent_weights(forecast, AGENTS, 0.8)
+
+
+def test_a_valid_forecast_passes_within_rounding():
+    forecast = np.array([[0.2, 0.3, 0.1, 0.4 + 1e-9]])
+    np.testing.assert_array_equal(validate_forecast(forecast, len(AGENTS)), forecast)
+
+
+def test_the_board_forgets_ended_workflows_beyond_its_memory():
+    board = ScoreBoard(lambda node: None, 0.8, ended_memory=100)
+    for i in range(1_000):
+        board.start(f"w{i}")
+        board.terminate(f"w{i}")
+    assert board.active_workflows == []
+    assert board.ended_workflows == 100  # the most recent ones: a late touch still retires
+
+
+def test_a_late_touch_retires_what_it_cached(clock):
+    mgr = make_manager(clock, "he", gpu=64, host=0)
+    mgr.on_workflow_started("w")
+    run(mgr, clock, [1, 2], "w", "coder")
+    mgr.on_workflow_terminated("w")
+    run(mgr, clock, [1, 2, 3], "w", "coder")  # a request that outlived its workflow
+    late = mgr.tree.match_prefix([1, 2, 3]).path[-1]
+    assert late.keys == [3] and late.accessors == {} and late.retired
+    assert mgr.tree.match_prefix([1, 2]).node.retired
+    mgr.on_workflow_started("v")
+    run(mgr, clock, [1, 2, 3, 4], "v", "coder")  # an active workflow's use revives it
+    assert not late.retired and set(late.accessors) == {"v"}

@@ -1,0 +1,520 @@
+"""Run graph apps on a live runtime, replay recorded workflows, and dry-run apps into scripts.
+
+One executor serves three callers: :func:`run_workflow` drives one task through an
+:class:`~pbkv.live.graph.App` on a runtime (routing on real text, or on simulated
+replies on the sim engine); :func:`simulate_workflow` walks the same graph with the
+simulated replies and no engine, producing the :class:`~pbkv.actors.workload.Workflow`
+script the studies and the predictor's traces use; :func:`replay_workflow` serves a
+recorded script through a session. :func:`serve_app` and :func:`serve_replays` run many,
+``concurrency`` at a time, honouring arrival times when a workload gives them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+
+from pbkv.actors.events import TerminationReason
+from pbkv.actors.workflow import WorkflowOutcome
+from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.engines.base import GenerateResult, Sampling
+from pbkv.live.chat import ChatFormat
+from pbkv.live.graph import END, AgentNode, App, LiveTask, State, ToolNode, ToolResult, Turn
+from pbkv.live.session import CallFailed, Reply, Runtime, Simulated, scripted_output
+from pbkv.runtime import now_s
+
+log = logging.getLogger(__name__)
+
+
+class Caller(Protocol):
+    """What the executor calls agents through: a live session or a dry run."""
+
+    samples_tokens: bool
+
+    async def call(
+        self,
+        agent: str,
+        prompt: Sequence[Segment],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        simulated: Simulated | None,
+        context_tail: str,
+        step: int | None,
+    ) -> Reply: ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Spend a tool's modelled latency (virtual time on the sim engine)."""
+
+
+# -- prompts ------------------------------------------------------------------------
+
+
+def speaker_name(agent: str) -> str:
+    """Return how ``agent`` signs its messages: ``query_rewriter`` → ``QueryRewriter``."""
+    return agent.replace("_", " ").title().replace(" ", "")
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded(chat: ChatFormat, text: str) -> tuple[int, ...]:
+    return chat.encode(text)
+
+
+def system_segments(chat: ChatFormat, app: App, agent: AgentNode) -> tuple[Segment, Segment]:
+    """Return the shared ``preamble`` and ``agent``'s ``role`` segment (tokenized once)."""
+    preamble = _encoded(chat, f"<|im_start|>system\n{app.preamble}\n\n")
+    role = _encoded(chat, f"{agent.role}{chat.stop_text}\n")
+    return Segment("preamble", preamble), Segment("role", role)
+
+
+def transcript(chat: ChatFormat, state: State) -> tuple[int, ...]:
+    """Return the default context: the task as a user message, then every turn.
+
+    An agent's turn is its signed opener plus its exact output ids (closed with the
+    end-of-turn marker when it was cut off), so each prompt extends the last one's
+    prompt + output and the cache is reused; a tool's turn is its tool message.
+    """
+    ids = _encoded(chat, chat.render("user", state.task.text))
+    stop = _encoded(chat, chat.stop_text)
+    for turn in state.turns:
+        if turn.kind == "tool":
+            ids += turn.token_ids
+            continue
+        closed = turn.token_ids[-len(stop) :] == stop
+        ids += _encoded(chat, chat.opener(speaker_name(turn.node))) + turn.token_ids
+        ids += _encoded(chat, "\n") if closed else stop + _encoded(chat, "\n")
+    return ids
+
+
+def agent_prompt(chat: ChatFormat, app: App, agent: AgentNode, state: State) -> tuple[Segment, ...]:
+    """Return the segments of ``agent``'s next call: system, context, signed opener."""
+    if agent.prompt is None:
+        context = transcript(chat, state)
+    else:
+        messages = agent.prompt(state)
+        context = tuple(
+            t for m in messages for t in _encoded(chat, chat.render(m["role"], m["content"]))
+        )
+    opener = _encoded(chat, chat.opener(speaker_name(agent.name)))
+    return (*system_segments(chat, app, agent), Segment("context", context + opener))
+
+
+# -- the executor -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    app: App
+    chat: ChatFormat
+    caller: Caller
+    state: State
+    replies: list[Reply]
+    path: list[str]
+
+
+async def execute(run: _Run) -> TerminationReason:
+    """Run ``run.app`` on ``run.state`` superstep by superstep; return the end reason.
+
+    Raises:
+        CallFailed: a call failed past its agent's retries.
+        ValueError: a router returned a node it did not declare.
+        Exception: whatever a router, prompt builder or tool raised.
+    """
+    app, state = run.app, run.state
+    frontier = list(app.entry_nodes)
+    for _ in range(app.recursion_limit):
+        frontier = [n for n in dict.fromkeys(frontier) if n != END]
+        if not frontier:
+            return "end"
+        for name in frontier:
+            cap = app.nodes[name].max_visits
+            if cap is not None and state.visits[name] >= cap:
+                return "recursion_limit"
+        outputs = await _run_superstep(run, frontier)
+        nxt: list[str] = []
+        for name, out in zip(frontier, outputs, strict=True):
+            assert out is not None
+            state.visits[name] += 1
+            state.turns.append(_turn(run, name, out))
+            nxt += _successors(app, state, name, out)
+        frontier = nxt
+    frontier = [n for n in frontier if n != END]
+    return "recursion_limit" if frontier else "end"
+
+
+async def _run_superstep(run: _Run, frontier: list[str]) -> list[Reply | ToolResult | None]:
+    """Run the frontier's nodes concurrently (fan-out); return their outputs in order."""
+    outputs: list[Reply | ToolResult | None] = [None] * len(frontier)
+
+    async def one(i: int, name: str) -> None:
+        outputs[i] = await _run_node(run, name)
+
+    if len(frontier) == 1:
+        await one(0, frontier[0])
+        return outputs
+    async with trio.open_nursery() as nursery:
+        for i, name in enumerate(frontier):
+            nursery.start_soon(one, i, name)
+    return outputs
+
+
+async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
+    node = run.app.nodes[name]
+    if isinstance(node, ToolNode):
+        return await _run_tool(run, node)
+    segments = agent_prompt(run.chat, run.app, node, run.state)
+    simulated = None
+    if node.simulate is not None and not run.caller.samples_tokens:
+        simulated = node.simulate(run.state)
+    last = run.state.last
+    step: int | None = None
+    for attempt in range(node.max_retries + 1):
+        try:
+            reply = await run.caller.call(
+                name,
+                segments,
+                max_new_tokens=node.max_new_tokens,
+                sampling=node.sampling,
+                simulated=simulated,
+                context_tail=last.text if last is not None else run.state.task.text,
+                step=step,
+            )
+        except CallFailed as exc:
+            if attempt == node.max_retries:
+                raise
+            log.warning("workflow %s: %s failed (%s); retrying", run.state.workflow_id, name, exc)
+            step = exc.step
+            continue
+        run.replies.append(reply)
+        run.path.append(name)
+        return reply
+    raise AssertionError("unreachable")
+
+
+async def _run_tool(run: _Run, node: ToolNode) -> ToolResult:
+    if node.simulate is not None and not run.caller.samples_tokens:
+        text, latency_s = node.simulate(run.state)
+        await run.caller.sleep(latency_s)
+        return ToolResult(node.name, text, latency_s)
+    started = now_s()
+    text = await node.run(run.state)
+    if not isinstance(text, str):
+        raise TypeError(f"tool {node.name!r} must return str, got {type(text).__name__}")
+    return ToolResult(node.name, text, now_s() - started)
+
+
+def _turn(run: _Run, name: str, out: Reply | ToolResult) -> Turn:
+    if isinstance(out, Reply):
+        return Turn(name, "agent", out.text, out.token_ids)
+    return Turn(name, "tool", out.text, _encoded(run.chat, run.chat.render("tool", out.text)))
+
+
+def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> list[str]:
+    edge = app.routers.get(name)
+    if edge is None:
+        return list(app.static_edges.get(name, ()))
+    chosen = edge.route(state, out)
+    targets = [chosen] if isinstance(chosen, str) else list(chosen)
+    for target in targets:
+        if target not in edge.targets:
+            raise ValueError(
+                f"router of {name!r} returned {target!r}, not one of its targets {edge.targets}"
+            )
+    return targets
+
+
+# -- live runs ----------------------------------------------------------------------
+
+
+class _SessionCaller:
+    """Calls through a :class:`~pbkv.live.session.WorkflowSession`."""
+
+    def __init__(self, session: Any, samples_tokens: bool) -> None:
+        self.session = session
+        self.samples_tokens = samples_tokens
+
+    async def call(self, agent: str, prompt: Sequence[Segment], **kwargs: Any) -> Reply:
+        return await self.session.call(agent, prompt, **kwargs)
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+
+async def run_workflow(
+    runtime: Runtime,
+    app: App,
+    task: LiveTask,
+    *,
+    workflow_id: str | None = None,
+    tenant: str = "",
+    seed: int = 0,
+) -> WorkflowOutcome:
+    """Drive one workflow of ``app`` on ``task`` through ``runtime`` and return its outcome.
+
+    A router, prompt builder or tool that raises, or a call that fails past its
+    retries, ends this workflow with ``error`` (logged) and nothing else; cancellation
+    ends it ``aborted`` and propagates.
+
+    Args:
+        runtime: a running :class:`~pbkv.live.session.Runtime`.
+        app: the graph; ``task``: what it works on.
+        workflow_id / tenant: the session's id and cache namespace.
+        seed: seeds the simulated replies' streams (sim engine).
+    """
+    session = await runtime.open_workflow(
+        workflow_id, app=app.name, task_id=task.task_id, task_text=task.text, tenant=tenant
+    )
+    state = State(task, workflow_id=session.workflow_id, seed=seed)
+    run = _Run(app, runtime.chat, _SessionCaller(session, runtime.samples_tokens), state, [], [])
+    error = ""
+    try:
+        reason = await execute(run)
+    except Exception as exc:
+        log.warning("workflow %s ended with error: %r", session.workflow_id, exc)
+        reason, error = "error", f"{type(exc).__name__}: {exc}"
+    except BaseException:
+        await session.end("aborted")
+        raise
+    await session.end(reason)
+    return _outcome(session.workflow_id, reason, session.start_s, session.end_s, run, error)
+
+
+def _outcome(
+    workflow_id: str, reason: TerminationReason, start_s: float, end_s: float, run: _Run, error: str
+) -> WorkflowOutcome:
+    results = tuple(r.result for r in run.replies if r.result is not None)
+    return WorkflowOutcome(workflow_id, reason, start_s, end_s, results, tuple(run.path), error)
+
+
+# -- dry runs: an app's graph → a Workflow script ------------------------------------
+
+
+class _DryRun:
+    """Answers calls with the simulated replies and records them as script steps."""
+
+    samples_tokens = False
+
+    def __init__(self, chat: ChatFormat) -> None:
+        self.chat = chat
+        self.steps: list[Step] = []
+        self._gap_s = 0.0
+
+    async def call(
+        self,
+        agent: str,
+        prompt: Sequence[Segment],
+        *,
+        max_new_tokens: int,
+        simulated: Simulated | None,
+        context_tail: str,
+        step: int | None = None,
+        **_: Any,
+    ) -> Reply:
+        output = scripted_output(self.chat, simulated, max_new_tokens)
+        gap_s = self._gap_s + (simulated.gap_s if simulated is not None else 0.0)
+        self._gap_s = 0.0
+        self.steps.append(Step(agent, tuple(prompt), output, round(gap_s, 6), context_tail))
+        prompt_tokens = sum(len(s.token_ids) for s in prompt)
+        return Reply(
+            agent,
+            len(self.steps) - 1,
+            self.chat.reply_text(output),
+            output,
+            prompt_tokens,
+            0,
+            0,
+            prompt_tokens,
+            0.0,
+            0.0,
+            "stop",
+        )
+
+    async def sleep(self, seconds: float) -> None:
+        self._gap_s += seconds
+
+
+def simulate_workflow(
+    app: App, task: LiveTask, chat: ChatFormat, *, workflow_id: str, seed: int = 0
+) -> Workflow:
+    """Walk ``app`` on ``task`` with its simulated replies and no engine: the script.
+
+    The steps are exactly the calls a live sim run makes (same prompts, same outputs,
+    tool latencies folded into the next step's gap), so replaying the script and
+    running the app live on the sim engine serve the same requests.
+
+    Raises:
+        ValueError: an agent without ``simulate`` makes the walk text-dependent;
+            or whatever the app's routers raise.
+    """
+    dry = _DryRun(chat)
+    state = State(task, workflow_id=workflow_id, seed=seed)
+    run = _Run(app, chat, dry, state, [], [])
+
+    reason = trio.run(execute, run)
+    return Workflow(
+        workflow_id=workflow_id,
+        app=app.name,
+        task_id=task.task_id,
+        task_text=task.text,
+        steps=tuple(dry.steps),
+        task_features=dict(task.features),
+        end_reason=reason,
+    )
+
+
+# -- replay ------------------------------------------------------------------------
+
+
+async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutcome:
+    """Serve a recorded script through a session: each step after its gap, in order.
+
+    A step the engine fails is retried once, then the workflow ends ``error``; the
+    script's own end reason ends it otherwise.
+    """
+    session = await runtime.open_workflow(
+        workflow.workflow_id,
+        app=workflow.app,
+        task_id=workflow.task_id,
+        task_text=workflow.task_text,
+        tenant=workflow.tenant,
+    )
+    results: list[GenerateResult] = []
+    reason: TerminationReason = workflow.end_reason  # type: ignore[assignment]
+    error = ""
+    try:
+        for step in workflow.steps:
+            if step.gap_s > 0:
+                await trio.sleep(step.gap_s)
+            reply = await _replay_step(session, step)
+            if reply is None:
+                reason, error = "error", f"{step.agent}: engine failed twice"
+                break
+            assert reply.result is not None
+            results.append(reply.result)
+    except BaseException:
+        await session.end("aborted")
+        raise
+    await session.end(reason)
+    path = tuple(s.agent for s in workflow.steps[: len(results)])
+    return WorkflowOutcome(
+        workflow.workflow_id, reason, session.start_s, session.end_s, tuple(results), path, error
+    )
+
+
+async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | None:
+    simulated = Simulated(token_ids=step.output_token_ids)
+    repeat: int | None = None
+    for _ in range(retries + 1):
+        try:
+            return await session.call(
+                step.agent,
+                step.segments,
+                max_new_tokens=max(1, step.output_tokens),
+                simulated=simulated,
+                context_tail=step.context_tail,
+                step=repeat,
+            )
+        except CallFailed as exc:
+            log.warning("workflow %s step %s failed: %s", session.workflow_id, step.agent, exc)
+            repeat = exc.step
+    return None
+
+
+# -- many at once --------------------------------------------------------------------
+
+
+async def serve_many(
+    starters: Sequence[Callable[[], Any]],
+    *,
+    concurrency: int,
+    arrivals_s: Sequence[float] | None = None,
+    on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+) -> list[WorkflowOutcome]:
+    """Run ``starters`` (each an async callable returning an outcome) ``concurrency`` at
+    a time, in order; with ``arrivals_s`` none starts before its arrival (open loop,
+    seconds from now). Returns the outcomes in completion order.
+
+    Raises:
+        ValueError: ``concurrency < 1`` or ``arrivals_s`` of another length.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if arrivals_s is not None and len(arrivals_s) != len(starters):
+        raise ValueError("arrivals_s must give one time per workflow")
+    outcomes: list[WorkflowOutcome] = []
+    slots = trio.Semaphore(concurrency)
+    t0 = now_s()
+
+    async def one(start: Callable[[], Any]) -> None:
+        try:
+            outcome = await start()
+        finally:
+            slots.release()
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    async with trio.open_nursery() as nursery:
+        for i, start in enumerate(starters):
+            if arrivals_s is not None:
+                await trio.sleep_until(t0 + max(0.0, arrivals_s[i]))
+            await slots.acquire()
+            nursery.start_soon(one, start)
+    return outcomes
+
+
+async def serve_app(
+    runtime: Runtime,
+    app: App,
+    tasks: Sequence[LiveTask],
+    *,
+    concurrency: int = 8,
+    workflow_ids: Sequence[str] | None = None,
+    arrivals_s: Sequence[float] | None = None,
+    seed: int = 0,
+    on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+) -> list[WorkflowOutcome]:
+    """Run ``app`` on every task through ``runtime``, ``concurrency`` at a time.
+
+    Raises:
+        ValueError: as :func:`serve_many`; ``workflow_ids`` of another length.
+    """
+    ids = (
+        list(workflow_ids)
+        if workflow_ids is not None
+        else [f"{app.name}-{i}" for i in range(len(tasks))]
+    )
+    if len(ids) != len(tasks):
+        raise ValueError("workflow_ids must give one id per task")
+    starters = [
+        functools.partial(run_workflow, runtime, app, task, workflow_id=wf_id, seed=seed)
+        for task, wf_id in zip(tasks, ids, strict=True)
+    ]
+    return await serve_many(
+        starters, concurrency=concurrency, arrivals_s=arrivals_s, on_outcome=on_outcome
+    )
+
+
+async def serve_replays(
+    runtime: Runtime,
+    workflows: Sequence[Workflow],
+    *,
+    concurrency: int = 8,
+    open_loop: bool = False,
+    on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+) -> list[WorkflowOutcome]:
+    """Replay ``workflows`` through ``runtime``, ``concurrency`` at a time.
+
+    Args:
+        open_loop: start each workflow no earlier than its ``arrival_s``.
+    """
+    arrivals = [w.arrival_s for w in workflows] if open_loop else None
+    starters = [functools.partial(replay_workflow, runtime, w) for w in workflows]
+    return await serve_many(
+        starters, concurrency=concurrency, arrivals_s=arrivals, on_outcome=on_outcome
+    )
