@@ -116,6 +116,7 @@ class _Responder:
         self._send = send
         self.status: int | None = None
         self.events = False  # the response is a stream of server-sent events
+        self.done = False  # the last body message is sent
 
     @property
     def started(self) -> bool:
@@ -133,6 +134,7 @@ class _Responder:
             {"type": "http.response.start", "status": status, "headers": [content_type, *headers]}
         )
         await self._send({"type": "http.response.body", "body": body})
+        self.done = True
 
     async def start_events(self, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         self.status = 200
@@ -149,6 +151,7 @@ class _Responder:
 
     async def end_events(self) -> None:
         await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        self.done = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +266,7 @@ class OpenAIApp:
                     except Exception as exc:  # answered as an error body, never a crash
                         await self._answer_error(responder, exc)
                     nursery.cancel_scope.cancel()
-            if request_scope.cancelled_caught:
+            if request_scope.cancelled_caught and not responder.done:
                 self.http.disconnects += 1
                 log.info("client disconnected from %s; request cancelled", route)
         finally:
