@@ -9,6 +9,7 @@ so the KV manager scores, retires and prefetches exactly as in the studies.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections import Counter
@@ -607,7 +608,7 @@ class ReplyStream:
             )
         )
         send = self._tokens
-        on_token = send.send_nowait if self.streaming else None
+        on_token = self._on_token if self.streaming else None
         await self._agent_ref.tell(
             Invoke(
                 session.workflow_id,
@@ -627,6 +628,12 @@ class ReplyStream:
             )
         )
         self._submitted = True
+
+    def _on_token(self, token: int) -> None:
+        """Forward a streamed token; one the engine emits after the caller left is dropped
+        (the engine calls this in its step loop: raising here would fail the engine)."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self._tokens.send_nowait(token)
 
     async def _done(self, done: InvocationDone) -> None:
         self._finished = True

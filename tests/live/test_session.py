@@ -152,3 +152,16 @@ async def test_torch_sampling_is_reproducible_with_a_seed():
         greedy = await wf.call("w", chat("Say something."), max_new_tokens=10)
     assert a.token_ids == b.token_ids
     assert a.token_ids != greedy.token_ids
+
+
+async def test_torch_leaving_a_stream_early_withdraws_it_without_failing_the_engine():
+    config = pbkv.RuntimeConfig(engine="torch", check_integrity=True, host_kv_tokens=0)
+    async with pbkv.open_runtime(config) as rt, rt.workflow() as wf:
+        async with wf.stream("writer", chat("Write a long story."), max_new_tokens=200) as s:
+            async for _ in s:
+                break  # the engine keeps stepping until the withdrawal reaches it
+        with trio.fail_after(20):
+            while rt.statistics().leases:
+                await trio.sleep(0.01)
+        assert rt.system.statistics()["engine"].restarts == 0
+        assert rt.statistics().engine.decode_tokens < 200

@@ -1,0 +1,563 @@
+"""The ASGI application of ``pbkv serve``: OpenAI-compatible routes over a live runtime.
+
+Raw ASGI 3 (no framework), run by hypercorn's trio worker in pbkv's own nursery. Each
+request is read whole (bounded by ``max_body_bytes``), decoded once into a typed record
+(:mod:`pbkv.server.schemas`), resolved to a workflow and agent (:mod:`pbkv.server.hints`)
+and served as one call of that live workflow. While it runs, a watcher reads the ASGI
+channel: a client that disconnects cancels the request, which cancels the engine request
+and releases its cache leases. Streams are written as server-sent events by hand
+(``data: {chunk}\\n\\n`` ... ``data: [DONE]\\n\\n``), as openai-python reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import trio
+
+from pbkv.server.errors import APIError, decode_body
+from pbkv.server.hints import Hints, key_tenant, resolve_hints
+from pbkv.server.schemas import (
+    CHAT_DECODER,
+    COMPLETION_DECODER,
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChunkChoice,
+    ChunkDelta,
+    Completion,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    PromptTokensDetails,
+    TextChoice,
+    Usage,
+    encode,
+)
+from pbkv.server.sessions import Lease, SessionRegistry
+from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
+from pbkv.server.stop import StopCutter
+
+log = logging.getLogger(__name__)
+
+Scope = Mapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+_ROLES = {"developer": "system"}  # OpenAI's newer name for system messages
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """How ``pbkv serve`` listens and serves.
+
+    Args:
+        host: address to bind (``127.0.0.1``: this machine only).
+        port: TCP port; 0 picks a free one (the bound URL is reported at start).
+        idle_timeout_s: a workflow never marked final ends after this long idle.
+        max_sessions: open hinted workflows at most (see :class:`SessionRegistry`).
+        api_keys: API key → tenant; ``None`` accepts any key (tenants from ``cache_salt``).
+        default_max_tokens: the decode budget of a request that sets none (less when the
+            context length leaves less room).
+        max_body_bytes: larger request bodies are refused (413).
+        retry_after_s: the ``Retry-After`` of a 429/503 answer.
+        served_model_name: the model name clients send (default: the runtime's).
+        graceful_timeout_s: how long requests in flight may finish at shutdown.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    idle_timeout_s: float = 300.0
+    max_sessions: int = 4096
+    api_keys: Mapping[str, str] | None = None
+    default_max_tokens: int = 256
+    max_body_bytes: int = 4 * 2**20
+    retry_after_s: int = 1
+    served_model_name: str | None = None
+    graceful_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("idle_timeout_s", "default_max_tokens", "max_body_bytes", "max_sessions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for key, tenant in (self.api_keys or {}).items():
+            if not key or not tenant or "/" in tenant:
+                raise ValueError(
+                    f"api_keys: key {key!r} → tenant {tenant!r}: both must be non-empty and "
+                    "the tenant must not contain '/'"
+                )
+
+
+class _Disconnected(Exception):
+    """The client went away before its request was read."""
+
+
+class _Responder:
+    """Writes one HTTP response: a whole body, or server-sent events."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status: int | None = None
+        self.events = False  # the response is a stream of server-sent events
+        self.done = False  # the last body message is sent
+
+    @property
+    def started(self) -> bool:
+        return self.status is not None
+
+    async def whole(
+        self,
+        status: int,
+        body: bytes,
+        headers: Sequence[tuple[bytes, bytes]] = (),
+        content_type: tuple[bytes, bytes] = _JSON,
+    ) -> None:
+        self.status = status
+        await self._send(
+            {"type": "http.response.start", "status": status, "headers": [content_type, *headers]}
+        )
+        await self._send({"type": "http.response.body", "body": body})
+        self.done = True
+
+    async def start_events(self, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        self.status = 200
+        self.events = True
+        await self._send(
+            {"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *headers]}
+        )
+
+    async def event(self, record: Any) -> None:
+        data = record if isinstance(record, bytes) else encode(record)
+        await self._send(
+            {"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True}
+        )
+
+    async def end_events(self) -> None:
+        await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        self.done = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Generation:
+    """One decoded request, ready to run: prompt, budget, sampling and stream options."""
+
+    endpoint: str
+    prompt: tuple[Any, ...]  # pbkv.Segment s, templated once here
+    max_new_tokens: int
+    sampling: Any
+    stops: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+def _usage(reply: Any) -> Usage:
+    completion = len(reply.token_ids)
+    return Usage(
+        prompt_tokens=reply.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=reply.prompt_tokens + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=reply.cached_tokens),
+    )
+
+
+def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > 4:
+        raise APIError(400, f"stop: at most 4 sequences, got {len(stops)}", param="stop")
+    return stops
+
+
+class OpenAIApp:
+    """The ASGI app: routes, request decoding, workflow hints, errors and statistics.
+
+    Args:
+        runtime: an open live runtime (``pbkv.open_runtime``).
+        sessions: the registry mapping workflow hints to live workflows.
+        config: the server configuration.
+    """
+
+    def __init__(self, runtime: Any, sessions: SessionRegistry, config: ServerConfig) -> None:
+        self._runtime = runtime
+        self._sessions = sessions
+        self._config = config
+        self.model = config.served_model_name or runtime.model_name
+        self.http = HTTPCounters()
+        self.draining = False
+        self._created = int(time.time())  # OpenAI's "created" is Unix wall-clock seconds
+        self._routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/stats"): self._stats,
+            ("GET", "/metrics"): self._metrics,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    @staticmethod
+    async def _lifespan(receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def statistics(self) -> dict[str, Any]:
+        """Return the statistics document of ``GET /stats``."""
+        return snapshot(
+            model=self.model,
+            runtime_stats=self._runtime.statistics(),
+            sessions=self._sessions.statistics(),
+            workflows=self._sessions.records(),
+            http=self.http,
+        )
+
+    def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[None]]]:
+        path = path.rstrip("/") or "/"
+        handler = self._routes.get((method, path))
+        if handler is not None:
+            return path, handler
+        if path.startswith("/v1/models/") and method == "GET":
+            return "/v1/models/{model}", self._model
+        if any(p == path for _, p in self._routes):
+            raise APIError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
+        raise APIError(404, f"no route {method} {path}", code="not_found")
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        responder = _Responder(send)
+        route = "unrouted"
+        self.http.in_flight += 1
+        try:
+            with trio.CancelScope() as request_scope:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        route, handler = self._route(scope["method"], scope["path"])
+                        body = await self._read_body(receive)
+                        nursery.start_soon(self._watch_disconnect, receive, request_scope)
+                        await handler(scope, body, responder)
+                    except _Disconnected:
+                        request_scope.cancel()
+                    except Exception as exc:  # answered as an error body, never a crash
+                        await self._answer_error(responder, exc)
+                    nursery.cancel_scope.cancel()
+            if request_scope.cancelled_caught and not responder.done:
+                self.http.disconnects += 1
+                log.info("client disconnected from %s; request cancelled", route)
+        finally:
+            self.http.in_flight -= 1
+            self.http.count(route, responder.status or 499)
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._config.max_body_bytes:
+                raise APIError(413, f"the body exceeds {self._config.max_body_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, request_scope: trio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                request_scope.cancel()
+                return
+
+    async def _answer_error(self, responder: _Responder, exc: Exception) -> None:
+        error = self._as_api_error(exc)
+        if responder.events:  # headers are sent: the error travels as an event
+            await responder.event(error.body())
+            await responder.end_events()
+        elif not responder.started:
+            await responder.whole(error.status, error.body(), error.headers())
+
+    def _as_api_error(self, exc: Exception) -> APIError:
+        from pbkv.engines.base import EngineError
+        from pbkv.live import Overloaded, PromptTooLong, WorkflowEnded
+
+        retry = self._config.retry_after_s
+        match exc:
+            case APIError():
+                return exc
+            case PromptTooLong():
+                return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+            case Overloaded():
+                retry = max(retry, math.ceil(exc.retry_after_s))
+                return APIError(
+                    429, str(exc), type="rate_limit_error", code="overloaded", retry_after_s=retry
+                )
+            case WorkflowEnded():
+                return APIError(409, str(exc), code="workflow_ended")
+            case ValueError() | TypeError():
+                return APIError(400, str(exc))
+            case EngineError():
+                log.warning("engine failed a request: %s", exc)
+                return APIError(500, f"the engine failed the request: {exc}", type="server_error")
+            case _:
+                log.exception("unexpected error serving a request", exc_info=exc)
+                return APIError(500, f"internal error: {type(exc).__name__}", type="server_error")
+
+    # Routes
+
+    async def _health(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        if self.draining:
+            raise self._draining_error()
+        await responder.whole(200, encode({"status": "ok", "model": self.model}))
+
+    def _draining_error(self) -> APIError:
+        return APIError(
+            503,
+            "the server is shutting down",
+            type="server_error",
+            code="shutting_down",
+            retry_after_s=self._config.retry_after_s,
+        )
+
+    async def _models(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        await responder.whole(200, encode(ModelList([ModelCard(self.model, self._created)])))
+
+    async def _model(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        name = scope["path"].rstrip("/").removeprefix("/v1/models/")
+        self._check_model(name)
+        await responder.whole(200, encode(ModelCard(self.model, self._created)))
+
+    async def _stats(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        await responder.whole(200, msgspec.json.encode(self.statistics()))
+
+    async def _metrics(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        text = prometheus_text(
+            runtime_stats=self._runtime.statistics(),
+            sessions=self._sessions.statistics(),
+            http=self.http,
+        ).encode()
+        await responder.whole(
+            200, text, content_type=(b"content-type", b"text/plain; version=0.0.4")
+        )
+
+    async def _chat(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        request = decode_body(CHAT_DECODER, body)
+        messages = [
+            {"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages
+        ]
+        budget = request.max_completion_tokens or request.max_tokens
+        await self._serve(scope, request, "chat", messages, budget, responder)
+
+    async def _completions(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        request = decode_body(COMPLETION_DECODER, body)
+        prompt = request.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise APIError(
+                    400,
+                    f"prompt: one prompt per request is served, got {len(prompt)}",
+                    param="prompt",
+                )
+            prompt = prompt[0]
+        if not prompt:
+            raise APIError(400, "prompt: must not be empty", param="prompt")
+        await self._serve(scope, request, "text", prompt, request.max_tokens, responder)
+
+    # Serving one generation
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model:
+            raise APIError(
+                404,
+                f"the model `{name}` does not exist; this server serves `{self.model}`",
+                type="invalid_request_error",
+                param="model",
+                code="model_not_found",
+            )
+
+    def _hints(self, scope: Scope, request: ChatCompletionRequest | CompletionRequest) -> Hints:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        tenant = key_tenant(headers, self._config.api_keys)
+        return resolve_hints(headers, request.pbkv, cache_salt=request.cache_salt, tenant=tenant)
+
+    def _generation(
+        self,
+        endpoint: str,
+        request: ChatCompletionRequest | CompletionRequest,
+        prompt: str | list[dict[str, str]],
+        budget: int | None,
+    ) -> _Generation:
+        from pbkv.actors.workload import Segment
+        from pbkv.engines.base import Sampling
+
+        if request.n != 1:
+            raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
+        chat = self._runtime.chat
+        if isinstance(prompt, str):
+            segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
+        else:
+            segments = chat.segments(prompt)
+        if budget is None:  # as OpenAI: what the context leaves, up to the default
+            room = chat.context_length_tokens - sum(len(s.token_ids) for s in segments)
+            budget = max(1, min(self._config.default_max_tokens, room))
+        temperature = 1.0 if request.temperature is None else request.temperature
+        top_p = 1.0 if request.top_p is None else request.top_p
+        sampling = Sampling(temperature=temperature, top_p=top_p, seed=request.seed)
+        options = request.stream_options
+        return _Generation(
+            endpoint=endpoint,
+            prompt=segments,
+            max_new_tokens=budget,
+            sampling=sampling,
+            stops=_stops(request.stop),
+            stream=request.stream,
+            include_usage=bool(request.stream and options and options.include_usage),
+        )
+
+    async def _serve(
+        self,
+        scope: Scope,
+        request: ChatCompletionRequest | CompletionRequest,
+        endpoint: str,
+        prompt: str | list[dict[str, str]],
+        budget: int | None,
+        responder: _Responder,
+    ) -> None:
+        if self.draining:
+            raise self._draining_error()
+        self._check_model(request.model)
+        generation = self._generation(endpoint, request, prompt, budget)
+        hints = self._hints(scope, request)
+        async with self._sessions.workflow(hints) as lease:
+            headers = [(b"x-pbkv-workflow-id", lease.workflow.workflow_id.encode())]
+            if generation.stream:
+                await self._stream(lease, hints.agent, generation, responder, headers)
+            else:
+                await self._whole(lease, hints.agent, generation, responder, headers)
+
+    def _ident(self, endpoint: str) -> str:
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        return f"{prefix}-{secrets.token_hex(12)}"
+
+    async def _whole(
+        self,
+        lease: Lease,
+        agent: str,
+        generation: _Generation,
+        responder: _Responder,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        reply = await lease.workflow.call(
+            agent,
+            generation.prompt,
+            max_new_tokens=generation.max_new_tokens,
+            sampling=generation.sampling,
+        )
+        cutter = StopCutter(generation.stops)
+        text = cutter.feed(reply.text) + cutter.flush()
+        finish = "stop" if cutter.stopped else reply.finish_reason
+        ident, created = self._ident(generation.endpoint), int(time.time())
+        if generation.endpoint == "chat":
+            choice = ChatChoice(0, AssistantMessage(text), finish)
+            record: Any = ChatCompletion(ident, created, self.model, [choice], _usage(reply))
+        else:
+            choices = [TextChoice(0, text, finish)]
+            record = Completion(ident, created, self.model, choices, _usage(reply))
+        await lease.settle()
+        await responder.whole(200, encode(record), headers)
+
+    async def _stream(
+        self,
+        lease: Lease,
+        agent: str,
+        generation: _Generation,
+        responder: _Responder,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        frames = _Frames(generation.endpoint, self._ident(generation.endpoint), self.model)
+        cutter = StopCutter(generation.stops)
+        async with lease.workflow.stream(
+            agent,
+            generation.prompt,
+            max_new_tokens=generation.max_new_tokens,
+            sampling=generation.sampling,
+        ) as stream:
+            async for delta in stream:
+                if not responder.started:  # errors before the first token answer as JSON
+                    await responder.start_events(headers)
+                    await frames.open(responder)
+                piece = cutter.feed(delta.text)
+                if piece:
+                    await responder.event(frames.piece(piece))
+            reply = stream.reply
+        if not responder.started:
+            await responder.start_events(headers)
+            await frames.open(responder)
+        await lease.settle()
+        tail = cutter.flush()
+        if tail:
+            await responder.event(frames.piece(tail))
+        await responder.event(frames.finish("stop" if cutter.stopped else reply.finish_reason))
+        if generation.include_usage:
+            await responder.event(frames.usage(_usage(reply)))
+        await responder.end_events()
+
+
+class _Frames:
+    """Builds the stream chunks of one chat or text completion."""
+
+    def __init__(self, endpoint: str, ident: str, model: str) -> None:
+        self._chat = endpoint == "chat"
+        self._ident = ident
+        self._model = model
+        self._created = int(time.time())
+
+    def _chunk(self, choices: list[Any], usage: Usage | None = None) -> Any:
+        if self._chat:
+            return ChatCompletionChunk(self._ident, self._created, self._model, choices, usage)
+        return Completion(self._ident, self._created, self._model, choices, usage)
+
+    async def open(self, responder: _Responder) -> None:
+        if self._chat:  # OpenAI's first chat chunk carries the role
+            delta = ChunkDelta(content="", role="assistant")
+            await responder.event(self._chunk([ChunkChoice(0, delta)]))
+
+    def piece(self, text: str) -> Any:
+        if self._chat:
+            return self._chunk([ChunkChoice(0, ChunkDelta(content=text))])
+        return self._chunk([TextChoice(0, text)])
+
+    def finish(self, reason: str) -> Any:
+        if self._chat:
+            return self._chunk([ChunkChoice(0, ChunkDelta(), reason)])
+        return self._chunk([TextChoice(0, "", reason)])
+
+    def usage(self, usage: Usage) -> Any:
+        return self._chunk([], usage)

@@ -1,0 +1,196 @@
+"""The OpenAI-compatible request and response records of ``pbkv serve``.
+
+Requests are decoded once, by one typed decoder per endpoint, into frozen msgspec Structs:
+a field of the wrong type or out of range fails there with the JSON path of the field
+(``$.messages[0].content``). Unknown fields are tolerated, as OpenAI-compatible servers
+do (clients send ``logprobs``, ``tools`` and vendor extensions), except that a present
+field must have its documented type. Mirrors the openai-python types
+(``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``, ``Model``) and vLLM's
+``cache_salt``; the ``pbkv`` body object carries workflow hints (§7.4).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
+MaxTokens = Annotated[int, Meta(ge=1)]
+
+
+class TextPart(msgspec.Struct, frozen=True):
+    """One part of a multi-part message content; only ``type: "text"`` is served."""
+
+    type: str
+    text: str = ""
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    """One chat message: ``content`` is a string, a list of text parts, or null."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """Return the content as one string (text parts joined; null → empty)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class StreamOptions(msgspec.Struct, frozen=True):
+    include_usage: bool = False
+
+
+class WorkflowHints(msgspec.Struct, frozen=True):
+    """The ``pbkv`` body object (sent through OpenAI clients' ``extra_body``)."""
+
+    workflow_id: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
+    agent: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    final: bool = False
+
+
+class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
+    """Fields shared by chat and text completion requests."""
+
+    model: str
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Annotated[int, Meta(ge=1)] = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    cache_salt: Annotated[str, Meta(max_length=256)] | None = None
+    pbkv: WorkflowHints | None = None
+
+
+class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
+    """``POST /v1/chat/completions``; ``max_completion_tokens`` wins over ``max_tokens``."""
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: MaxTokens | None = None
+
+
+class CompletionRequest(_Sampled, frozen=True, kw_only=True):
+    """``POST /v1/completions``: one prompt string (token-id and batch prompts are refused)."""
+
+    prompt: str | list[str]
+
+
+CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)
+COMPLETION_DECODER = msgspec.json.Decoder(CompletionRequest)
+
+
+class PromptTokensDetails(msgspec.Struct, frozen=True):
+    cached_tokens: int
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Token counts of one completion; ``cached_tokens`` = prompt tokens served from cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class AssistantMessage(msgspec.Struct, frozen=True):
+    content: str
+    role: str = "assistant"
+
+
+class ChatChoice(msgspec.Struct, frozen=True):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct, frozen=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+
+
+class ChunkDelta(msgspec.Struct, frozen=True, omit_defaults=True):
+    content: str | None = None
+    role: str | None = None
+
+
+class ChunkChoice(msgspec.Struct, frozen=True):
+    index: int
+    delta: ChunkDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    object: str = "chat.completion.chunk"
+
+
+class TextChoice(msgspec.Struct, frozen=True):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """A text completion, and (with ``finish_reason`` null) one of its stream chunks."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage | None = None
+    object: str = "text_completion"
+
+
+class ModelCard(msgspec.Struct, frozen=True):
+    id: str
+    created: int
+    owned_by: str = "pbkv"
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct, frozen=True):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """OpenAI's error envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    error: ErrorDetail
+
+
+def encode(record: Any) -> bytes:
+    """Return ``record`` as JSON bytes."""
+    return _ENCODER.encode(record)
+
+
+_ENCODER = msgspec.json.Encoder()

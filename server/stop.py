@@ -1,0 +1,60 @@
+"""Stop sequences applied to generated text, the same way for streamed and whole replies.
+
+Plain code, no trio. The engine generates to its own end (end of turn or the token
+budget); the server cuts the text at the first stop sequence, as OpenAI's ``stop``
+does. While streaming, text that could be the start of a stop sequence is held back
+until it is known not to be one, so streamed pieces joined equal the whole reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopCutter:
+    """Cut text fed piece by piece at the first of ``stops``.
+
+    Args:
+        stops: stop sequences (empty strings are ignored); none → text passes through.
+    """
+
+    def __init__(self, stops: Sequence[str] = ()) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        """Return the part of ``text`` that is safe to emit now (``""`` once stopped)."""
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return text
+        held = self._held + text
+        hits = [i for i in (held.find(s) for s in self._stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            self._held = ""
+            return held[: min(hits)]
+        keep = self._partial_suffix(held)
+        self._held = held[len(held) - keep :]
+        return held[: len(held) - keep]
+
+    def flush(self) -> str:
+        """Return the text still held back (the generation ended without a stop)."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, text: str) -> int:
+        """Return the length of the longest end of ``text`` that begins a stop sequence."""
+        for n in range(min(len(text), max(map(len, self._stops)) - 1), 0, -1):
+            tail = text[-n:]
+            if any(s.startswith(tail) for s in self._stops):
+                return n
+        return 0
+
+
+def cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """Return ``text`` cut at the first of ``stops``, and whether a stop was found."""
+    cutter = StopCutter(stops)
+    out = cutter.feed(text) + cutter.flush()
+    return out, cutter.stopped

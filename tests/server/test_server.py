@@ -1,0 +1,375 @@
+"""pbkv serve end to end: the real server on 127.0.0.1, the real openai client, tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import openai
+import pytest
+import trio
+
+import pbkv
+from pbkv.live.chat import smollm2_chat
+from pbkv.server import ServerConfig
+from tests.server.conftest import Served, chat, serving
+
+GREEDY = {"temperature": 0.0}
+
+
+async def test_second_call_of_a_workflow_extending_the_first_is_served_from_cache(
+    served: Served,
+):
+    client = served.client()
+    first_messages = chat("Plan a function that sorts a list of numbers.")
+
+    def first():
+        return client.chat.completions.create(
+            model="tiny",
+            messages=first_messages,
+            max_tokens=8,
+            extra_headers={"X-PBKV-Workflow-Id": "job-1", "X-PBKV-Agent": "planner"},
+            **GREEDY,
+        )
+
+    one = await served.run(first)
+    second_messages = [
+        *first_messages,
+        {"role": "assistant", "content": one.choices[0].message.content},
+        {"role": "user", "content": "Now write the code."},
+    ]
+
+    def second():
+        return client.chat.completions.create(
+            model="tiny",
+            messages=second_messages,
+            max_tokens=8,
+            extra_body={"pbkv": {"workflow_id": "job-1", "agent": "coder", "final": True}},
+            **GREEDY,
+        )
+
+    two = await served.run(second)
+    assert one.usage.prompt_tokens_details.cached_tokens == 0
+    cached = two.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < two.usage.prompt_tokens
+    assert cached >= 16  # at least the first prompt's first whole block
+    assert one.usage.completion_tokens == two.usage.completion_tokens == 8
+    stats = served.runtime.statistics()
+    assert stats.agents_by_workflow == {"job-1": ("planner", "coder")}
+    assert stats.ended_by_reason == {"end": 1}  # ended by the call marked final
+    assert stats.workflows_active == 0 and stats.leases == 0
+    [record] = served.server.sessions.records()
+    assert (record.workflow_id, record.agents, record.requests, record.state) == (
+        "job-1",
+        ["planner", "coder"],
+        2,
+        "final",
+    )
+
+
+async def test_streaming_returns_the_same_tokens_as_a_whole_reply(served: Served):
+    client = served.client()
+    messages = chat("Describe a binary search in one sentence.")
+
+    def whole():
+        return client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=16, **GREEDY
+        )
+
+    def streamed():
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+        return list(stream)
+
+    reply = await served.run(whole)
+    chunks = await served.run(streamed)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content
+    assert text  # the tiny model's random weights still emit text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == reply.choices[0].finish_reason == "length"
+    assert all(f is None for f in finishes[:-1])
+    assert [c.usage is None for c in chunks] == [True] * (len(chunks) - 1) + [False]
+    assert chunks[-1].choices == []
+    usage = chunks[-1].usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        reply.usage.prompt_tokens,
+        reply.usage.completion_tokens,
+    )
+    assert usage.prompt_tokens_details.cached_tokens > 0  # same prompt, one request later
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_tenants_with_identical_prompts_share_no_cache(served: Served):
+    client = served.client()
+    messages = chat("Summarise the plan in three words.")
+
+    def ask(salt: str):
+        return client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=4, extra_body={"cache_salt": salt}
+        )
+
+    cached = {}
+    for tenant in ("t0", "t1", "t2"):
+        cached[tenant] = (await served.run(ask, tenant)).usage.prompt_tokens_details
+    again = (await served.run(ask, "t1")).usage.prompt_tokens_details.cached_tokens
+    assert {t: d.cached_tokens for t, d in cached.items()} == {"t0": 0, "t1": 0, "t2": 0}
+    assert again > 0  # the same tenant does hit: isolation, not a cold cache
+
+
+async def test_api_keys_pick_tenants_and_unknown_keys_are_refused():
+    config = ServerConfig(port=0, api_keys={"key-a": "acme", "key-b": "globex"})
+    async with serving(config) as served:
+        messages = chat("Name one sorting algorithm.")
+
+        def ask(key: str):
+            return served.client(api_key=key).chat.completions.create(
+                model="tiny", messages=messages, max_tokens=4
+            )
+
+        a = await served.run(ask, "key-a")
+        b = await served.run(ask, "key-b")
+        a_again = await served.run(ask, "key-a")
+        with pytest.raises(openai.AuthenticationError) as info:
+            await served.run(ask, "key-c")
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert b.usage.prompt_tokens_details.cached_tokens == 0
+    assert a_again.usage.prompt_tokens_details.cached_tokens > 0
+    assert info.value.status_code == 401
+    assert info.value.code == "invalid_api_key"
+
+
+async def _until(predicate, timeout_s: float = 20.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not predicate():
+            await trio.sleep(0.05)
+
+
+async def test_a_client_that_disconnects_mid_stream_cancels_its_request(served: Served):
+    client = served.client()
+    budget = 400
+
+    def read_two_chunks_then_leave() -> int:
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=chat("Write a long story about caches."),
+            max_tokens=budget,
+            stream=True,
+            extra_headers={"X-PBKV-Workflow-Id": "story"},
+            **GREEDY,
+        )
+        seen = 0
+        for _ in stream:
+            seen += 1
+            if seen == 3:
+                break
+        stream.close()
+        return seen
+
+    assert await served.run(read_two_chunks_then_leave) == 3
+    await _until(lambda: served.server.app.http.disconnects == 1)
+    # the withdrawal travels agent actor -> engine; the lease goes at the engine's next step
+    await _until(lambda: served.runtime.statistics().leases == 0)
+    stats = served.runtime.statistics()
+    assert stats.calls_in_flight == 0
+    assert stats.engine.decode_tokens < budget  # withdrawn, not decoded to its end
+    assert stats.workflows_active == 1  # the hinted workflow stays open for its next call
+    assert served.runtime.system.statistics()["engine"].restarts == 0  # withdrawn, not crashed
+    served.runtime.kv.check_integrity()
+
+
+async def test_bad_input_gets_openai_style_errors(served: Served):
+    client = served.client()
+
+    async def error(method: str, path: str, **kwargs):
+        response = await served.http(method, path, **kwargs)
+        return response.status_code, msgspec.json.decode(response.content)["error"]
+
+    status, err = await error(
+        "POST", "/v1/chat/completions", content=b'{"model": "tiny", "messages": ['
+    )
+    assert status == 400 and "not valid JSON" in err["message"]
+    status, err = await error(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"},
+    )
+    assert (status, err["param"], err["type"]) == (400, "max_tokens", "invalid_request_error")
+    status, err = await error(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "n": 2},
+    )
+    assert (status, err["param"]) == (400, "n")
+    status, err = await error(
+        "POST",
+        "/v1/completions",
+        headers={"X-PBKV-Final": "perhaps"},
+        json={"model": "tiny", "prompt": "x"},
+    )
+    assert (status, err["param"]) == (400, "x-pbkv-final")
+    assert (await error("GET", "/v1/chat/completions"))[0] == 405
+    assert (await error("GET", "/v1/nothing"))[0] == 404
+
+    def unknown_model():
+        return client.chat.completions.create(model="gpt-9", messages=chat("x"), max_tokens=1)
+
+    with pytest.raises(openai.NotFoundError) as info:
+        await served.run(unknown_model)
+    assert info.value.code == "model_not_found"
+
+    def too_long():
+        return client.completions.create(model="tiny", prompt="word " * 9000, max_tokens=4)
+
+    with pytest.raises(openai.BadRequestError) as info:
+        await served.run(too_long)
+    assert info.value.code == "context_length_exceeded"
+    stats = served.runtime.statistics()
+    assert (stats.calls_in_flight, stats.leases, stats.workflows_active) == (0, 0, 0)
+
+
+async def test_overload_is_answered_429_with_retry_after():
+    async with serving(max_batch_size=1, max_queued_requests=0) as served:
+        client = served.client()
+        holding = trio.Event()
+        release = trio.Event()
+
+        def hold_a_stream():
+            stream = client.chat.completions.create(
+                model="tiny", messages=chat("Keep talking."), max_tokens=300, stream=True
+            )
+            next(iter(stream))
+            trio.from_thread.run_sync(holding.set)
+            trio.from_thread.run(release.wait)
+            stream.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(served.run, hold_a_stream)
+            await holding.wait()
+            refused = await served.http(
+                "POST",
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": chat("Me too."), "max_tokens": 2},
+            )
+            release.set()
+        await _until(lambda: served.runtime.statistics().calls_in_flight == 0)
+        accepted = await served.http(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "tiny", "messages": chat("Me too."), "max_tokens": 2},
+        )
+    assert refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    assert msgspec.json.decode(refused.content)["error"]["type"] == "rate_limit_error"
+    assert accepted.status_code == 200
+
+
+async def test_hintless_requests_are_one_request_workflows_and_idle_ones_retire():
+    async with serving(ServerConfig(port=0, idle_timeout_s=0.5)) as served:
+        client = served.client()
+
+        def ask(headers):
+            return client.chat.completions.create(
+                model="tiny", messages=chat("Hello."), max_tokens=2, extra_headers=headers
+            )
+
+        await served.run(ask, {})
+        await served.run(ask, {})
+        assert served.runtime.statistics().ended_by_reason == {"end": 2}
+        await served.run(ask, {"X-Dynamo-Session-ID": "dyn-1", "X-PBKV-Agent": "greeter"})
+        assert served.runtime.active_workflows() == ("dyn-1",)
+        await _until(lambda: not served.runtime.active_workflows(), timeout_s=10)
+        stats = served.stats()
+    assert stats["runtime"]["ended_by_reason"] == {"end": 3}
+    states = {w["workflow_id"]: w["state"] for w in stats["workflows"]}
+    assert list(states.values()) == ["single", "single", "idle"]
+    assert states["dyn-1"] == "idle"
+    assert stats["sessions"]["ended_idle"] == 1
+    assert stats["sessions"]["single_request"] == 2
+
+
+async def test_completions_models_health_stats_and_metrics(served: Served):
+    client = served.client()
+
+    def complete():
+        return client.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=6, **GREEDY
+        )
+
+    reply = await served.run(complete)
+    raw = await served.http(
+        "POST",
+        "/v1/completions",
+        json={
+            "model": "tiny",
+            "prompt": "Once upon a time",
+            "max_tokens": 6,
+            "stream": True,
+            "temperature": 0,
+        },
+    )
+    models = await served.run(lambda: client.models.list())
+    health = await served.http("GET", "/health")
+    metrics = await served.http("GET", "/metrics")
+    stats = await served.http("GET", "/stats")
+    assert reply.object == "text_completion" and reply.usage.completion_tokens == 6
+    events = [line for line in raw.text.split("\n\n") if line]
+    assert raw.headers["content-type"] == "text/event-stream"
+    assert events[-1] == "data: [DONE]"
+    pieces = [msgspec.json.decode(e.removeprefix("data: ")) for e in events[:-1]]
+    assert "".join(p["choices"][0]["text"] for p in pieces) == reply.choices[0].text
+    assert pieces[-1]["choices"][0]["finish_reason"] == "length"
+    assert [m.id for m in models.data] == ["tiny"]
+    assert health.json() == {"status": "ok", "model": "tiny"}
+    assert metrics.headers["content-type"].startswith("text/plain")
+    lines = metrics.text.splitlines()
+    assert 'pbkv_http_responses{route="/v1/completions",status="200"} 2' in lines
+    assert "pbkv_runtime_kv_requests 2" in lines
+    assert any(line.startswith("pbkv_runtime_kv_gpu_hit_rate ") for line in lines)
+    assert stats.json()["runtime"]["kv"]["policy"] == "pbkv"
+
+
+async def test_stop_sequences_cut_the_reply_where_they_first_appear(served: Served):
+    client = served.client()
+    messages = chat("List three words.")
+
+    def ask(stop=None, stream=False):
+        reply = client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=12, stop=stop, stream=stream, **GREEDY
+        )
+        if stream:
+            return "".join(c.choices[0].delta.content or "" for c in reply if c.choices)
+        return reply.choices[0].message.content, reply.choices[0].finish_reason
+
+    full, _ = await served.run(ask)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut, finish = await served.run(ask, [stop])
+    streamed = await served.run(ask, [stop], True)
+    assert cut == streamed == full[: full.find(stop)]
+    assert finish == "stop"
+
+
+async def test_without_max_tokens_the_budget_is_what_the_context_leaves():
+    built = pbkv.live.build_engine(pbkv.RuntimeConfig(engine="torch", check_integrity=True))
+    short = dataclasses.replace(built, chat=smollm2_chat(128))  # a 128-token context
+    prompt = "cache " * 100
+    async with serving(built=short) as served:
+        room = 128 - len(served.runtime.chat.encode(prompt))
+        assert 0 < room < 256  # the default budget would not fit
+
+        def complete():
+            return served.client().completions.create(model="tiny", prompt=prompt, **GREEDY)
+
+        reply = await served.run(complete)
+    assert reply.usage.prompt_tokens == 128 - room
+    if reply.choices[0].finish_reason == "length":
+        assert reply.usage.completion_tokens == room
+    else:  # the random model may end its turn early
+        assert reply.usage.completion_tokens < room

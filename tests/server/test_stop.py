@@ -1,0 +1,41 @@
+"""Stop sequences cut streamed pieces exactly where they cut the whole text."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pbkv.server.stop import StopCutter, cut
+
+
+def test_cut_at_the_first_stop():
+    assert cut("abc STOP def END", ["END", "STOP"]) == ("abc ", True)
+    assert cut("no stop here", ["STOP"]) == ("no stop here", False)
+    assert cut("text", []) == ("text", False)
+
+
+def test_a_stop_split_across_pieces_is_held_back_then_cut():
+    cutter = StopCutter(["\nObservation:"])
+    assert cutter.feed("Thought: x\nObs") == "Thought: x"
+    assert cutter.feed("ervation: y") == ""
+    assert cutter.stopped
+    assert cutter.flush() == ""
+
+
+def test_held_text_is_released_when_it_is_not_a_stop():
+    cutter = StopCutter(["STOP"])
+    assert cutter.feed("abc ST") == "abc "
+    assert cutter.feed("ART") == "START"
+    assert cutter.feed("ST") == ""
+    assert cutter.flush() == "ST"
+
+
+@given(
+    text=st.text(alphabet="abST\n", max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    stops=st.lists(st.text(alphabet="abST\n", min_size=1, max_size=4), max_size=3),
+)
+def test_pieces_joined_equal_the_whole_cut(text, cuts, stops):
+    bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
+    cutter = StopCutter(stops)
+    streamed = "".join(cutter.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
+    streamed += cutter.flush()
+    assert (streamed, cutter.stopped) == cut(text, stops)
