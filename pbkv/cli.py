@@ -474,7 +474,7 @@ def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import trace_generate
+    from pbkv.predictor_commands import trace_generate
 
     _check_writable(args.out)
     console.print(trace_generate(args.app, args.workflows, args.seed, args.out))
@@ -482,7 +482,7 @@ def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_trace_split(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import trace_split
+    from pbkv.predictor_commands import trace_split
 
     console.print(
         trace_split(
@@ -507,7 +507,7 @@ def _check_app(app: str, traces: str) -> None:
 
 
 def _run_train(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import train
+    from pbkv.predictor_commands import train
 
     _check_app(args.app, args.traces)
     _check_writable(str(Path(args.out) / "graphsage.json"))
@@ -532,7 +532,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
 
 def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.report import command_line
-    from pbkv.predictor.cli_commands import eval_predictor
+    from pbkv.predictor_commands import eval_predictor
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     learned = [n for n in names if n.startswith("graphsage")]
@@ -579,7 +579,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
 
 def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.report import command_line
-    from pbkv.predictor.cli_commands import bench_predictor
+    from pbkv.predictor_commands import bench_predictor
 
     _check_writable(args.json_path)
     console.print(

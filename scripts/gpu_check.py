@@ -32,14 +32,12 @@ import msgspec
 import torch
 import transformers
 
+from pbkv.bench.replay_demo import DemoConfig, WorkloadShrink, run_demo
 from pbkv.engines.torchengine import (
-    DemoConfig,
-    WorkloadShrink,
     hit_saving,
     load_model,
     prefill_tokens_per_s,
     reload_bytes_per_s,
-    run_demo,
     tiny_config,
 )
 
