@@ -222,9 +222,9 @@ async def run_tests(
 ) -> str:
     """Run ``code`` against ``tests`` in a fresh Python process; return the report.
 
-    The process runs isolated (``python -I``: no user site, no environment), in its own
-    empty working folder, with CPU-time and address-space limits, and is killed after
-    ``timeout_s``.
+    The process runs isolated (``python -I -S``: no environment, no site packages, so
+    the standard library only), in its own empty working folder, with CPU-time and
+    address-space limits, and is killed after ``timeout_s``.
 
     Returns:
         ``PASS: n/n tests`` or ``FAIL: k/n tests`` followed by one line per failed case,
@@ -246,7 +246,7 @@ async def _run_tests(code: str, tests: Sequence[tuple[str, str]], timeout_s: flo
         trio.move_on_after(timeout_s) as scope,
     ):
         done = await trio.run_process(
-            [sys.executable, "-I", "-c", _RUNNER],
+            [sys.executable, "-I", "-S", "-c", _RUNNER],
             stdin=payload,
             capture_stdout=True,
             capture_stderr=True,
