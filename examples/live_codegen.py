@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from pbkv.live.graph import END, START, App, LiveTask, State
+from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
 
 __all__ = [
@@ -308,17 +308,17 @@ def _simulated_verdict(state: State) -> tuple[str, float]:
     return ("PASS: 3/3 tests" if passed else "FAIL: 1/3 tests"), 0.3
 
 
-def _simulated(text: str, output_tokens: int):
+def _simulated(text: str, output_tokens: int) -> Callable[[State], Simulated]:
+    """Return a simulated reply of ``text`` padded to ``output_tokens``."""
     return lambda state: Simulated(text, output_tokens)
 
 
 # -- the app ------------------------------------------------------------------------------
 
 
-def route_verdict(state: State, out: Reply | object) -> str:
+def route_verdict(state: State, out: Reply | ToolResult) -> str:
     """Tester's report → ``END`` on ``PASS``, else the Analyzer."""
-    text = getattr(out, "text", "")
-    return END if text.startswith("PASS") else "analyzer"
+    return END if out.text.startswith("PASS") else "analyzer"
 
 
 def live_codegen_app(

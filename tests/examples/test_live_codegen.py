@@ -14,9 +14,10 @@ from pbkv.examples.live_codegen import (
     route_verdict,
     run_tests,
 )
-from pbkv.live import ToolResult
+from pbkv.live import State, ToolResult
 
 ADD_TESTS = (("add(2, 3)", "5"), ("add(2, 2)", "4"))
+STATE = State(pbkv.LiveTask("add", "Write add."))
 
 
 async def test_a_correct_function_passes():
@@ -62,9 +63,9 @@ def test_extract_code_takes_the_fenced_block():
 
 
 def test_router_reads_the_report():
-    assert route_verdict(None, ToolResult("tester", "PASS: 3/3 tests", 0.1)) == pbkv.END
-    assert route_verdict(None, ToolResult("tester", "FAIL: 1/3 tests", 0.1)) == "analyzer"
-    assert route_verdict(None, ToolResult("tester", "TIMEOUT: ...", 0.1)) == "analyzer"
+    assert route_verdict(STATE, ToolResult("tester", "PASS: 3/3 tests", 0.1)) == pbkv.END
+    assert route_verdict(STATE, ToolResult("tester", "FAIL: 1/3 tests", 0.1)) == "analyzer"
+    assert route_verdict(STATE, ToolResult("tester", "TIMEOUT: ...", 0.1)) == "analyzer"
 
 
 def test_tasks_cycle_through_the_problems():
