@@ -24,7 +24,7 @@ from pbkv.actors.events import (
     WorkflowTerminated,
 )
 from pbkv.kvmanager import KVManager
-from pbkv.runtime import Actor, ActorRef, EventRecorder, TaskStatus
+from pbkv.runtime import Actor, ActorRef, EventSink, TaskStatus
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,9 @@ class KVManagerActor(Actor):
         kv: the synchronous core (shared with the engine's scheduler).
         predictor: the PredictorActor's ref, or ``None`` for policies without forecasts.
         agents: the forecast columns (the predictor's agent vocabulary).
-        recorder: if given, every lifecycle event is appended to its JSONL file.
+        recorder: if given, every lifecycle event is handed to it (an
+            :class:`~pbkv.runtime.EventRecorder` appends it to a JSONL file, a
+            :class:`~pbkv.actors.traces.TraceRecorder` builds the workflows' traces).
     """
 
     def __init__(
@@ -54,7 +56,7 @@ class KVManagerActor(Actor):
         predictor: ActorRef | None,
         agents: tuple[str, ...] = (),
         *,
-        recorder: EventRecorder | None = None,
+        recorder: EventSink | None = None,
         mailbox_capacity: int = 1024,
     ) -> None:
         super().__init__(mailbox_capacity=mailbox_capacity)

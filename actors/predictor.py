@@ -28,6 +28,9 @@ class PredictorStatistics:
         fallbacks: batches handed to the next forecaster after one failed.
         failures: forecaster calls that raised.
         unanswered: requests answered ``None`` because every forecaster failed.
+        unknown_agent_requests: requests answered ``None`` because their path names an
+            agent outside the forecasters' vocabulary (that workflow alone goes without).
+        unknown_agents: the distinct such agents, sorted.
         rejected: single forecasts refused as malformed (not finite, negative, rows not
             summing to 1, wrong shape); each went on to the next forecaster.
     """
@@ -38,6 +41,8 @@ class PredictorStatistics:
     fallbacks: int
     failures: int
     unanswered: int = 0
+    unknown_agent_requests: int = 0
+    unknown_agents: tuple[str, ...] = ()
     rejected: int = 0
 
 
@@ -46,10 +51,15 @@ class PredictorActor(Actor):
 
     Requests are collected into one batch until ``max_batch`` are pending, or the
     mailbox is empty and the oldest pending request has waited ``max_wait_s``; the batch
-    then goes to the model in one call. If a forecaster raises, or returns a malformed
-    forecast for some states, the next one in ``chain`` is tried for those states (e.g.
-    graphsage → markov); if all fail, the reply is ``None`` (the KV manager then keeps its
-    last scores: LAE behaviour). Nothing stalls.
+    then goes to the model in one call. If a forecaster raises on a batch, it is tried
+    on each state alone, so one bad state costs only its own forecast; the states it
+    still fails go to the next one in ``chain`` (e.g. graphsage → markov); a state every
+    forecaster fails is answered ``None`` (the KV manager then keeps that workflow's last
+    scores: LAE behaviour). Every forecast is validated: a malformed one (not finite,
+    negative, rows not summing to 1) fails that state alone. A state whose path names an
+    agent outside the vocabulary (a live app's agent the predictor was not trained on) is
+    answered ``None`` without a model call, logged once per agent and counted. Nothing
+    stalls.
 
     With ``run_in_thread`` the forecaster runs in a trio worker thread, so a slow model
     never blocks the event loop (requests keep queueing and form the next batch). Under
@@ -92,7 +102,10 @@ class PredictorActor(Actor):
         self._pending: list[ForecastRequest] = []
         self._deadline_s = 0.0
         self._requests = self._batches = self._max_batch = 0
-        self._fallbacks = self._failures = self._unanswered = self._rejected = 0
+        self._fallbacks = self._failures = self._unanswered = 0
+        self._vocabulary = frozenset(self.chain[0].agents)
+        self._unknown_requests = self._rejected = 0
+        self._unknown_agents: set[str] = set()
 
     @property
     def agents(self) -> tuple[str, ...]:
@@ -144,60 +157,109 @@ class PredictorActor(Actor):
                 log.debug("forecast for %s no longer wanted", req.workflow_id)
 
     def _forecast(self, batch: list[ForecastRequest]) -> list[np.ndarray | None]:
-        """Run the chain on ``batch``; may run in a worker thread (touches only counters).
-
-        Each forecast is validated (:func:`~pbkv.kvmanager.validate_forecast`); the
-        states whose forecast is malformed, or whose forecaster raised, go to the next
-        forecaster of the chain, and ``None`` is the answer for those no one forecast.
-        """
-        states = [
-            WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail)
-            for r in batch
-        ]
-        answers: list[np.ndarray | None] = [None] * len(batch)
-        todo = list(range(len(batch)))
-        for i, forecaster in enumerate(self.chain):
-            todo = self._try(forecaster, states, todo, answers)
-            if not todo:
-                return answers
-            if i + 1 < len(self.chain):
+        """Run the chain on ``batch``; may run in a worker thread (touches only counters)."""
+        out: list[np.ndarray | None] = [None] * len(batch)
+        rows = [i for i, r in enumerate(batch) if self._known_path(r)]
+        states = {
+            i: WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail)
+            for i, r in ((i, batch[i]) for i in rows)
+        }
+        for position, forecaster in enumerate(self.chain):
+            if not rows:
+                break
+            answered = self._validated(forecaster, self._run(forecaster, [states[i] for i in rows]))
+            failed = [i for i, f in zip(rows, answered, strict=True) if f is None]
+            for i, forecast in zip(rows, answered, strict=True):
+                out[i] = forecast
+            if failed and position + 1 < len(self.chain):
                 self._fallbacks += 1
-        self._unanswered += len(todo)
-        return answers
+            rows = failed
+        self._unanswered += len(rows)
+        return out
 
-    def _try(
-        self,
-        forecaster: Forecaster,
-        states: list[WorkflowState],
-        todo: list[int],
-        answers: list[np.ndarray | None],
-    ) -> list[int]:
-        """Fill ``answers[i]`` for the states ``todo`` that ``forecaster`` forecasts well;
-        return the indices left to the next forecaster."""
-        try:
-            forecasts = np.asarray(forecaster.forecast([states[i] for i in todo]))
-            if forecasts.ndim != 3 or forecasts.shape[0] != len(todo):
-                raise ValueError(
-                    f"{forecaster.name} returned shape {forecasts.shape} for {len(todo)} states"
-                )
-        except Exception:
-            self._failures += 1
-            log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(todo))
-            return todo
-        left = []
-        for i, forecast in zip(todo, forecasts, strict=True):
-            try:
-                answers[i] = validate_forecast(forecast, len(self.agents))
-            except ValueError as exc:
-                self._rejected += 1
+    def _validated(
+        self, forecaster: Forecaster, forecasts: list[np.ndarray | None]
+    ) -> list[np.ndarray | None]:
+        """Replace each malformed forecast by ``None`` (counted and logged, §10)."""
+        out: list[np.ndarray | None] = []
+        for forecast in forecasts:
+            if forecast is not None:
+                try:
+                    forecast = validate_forecast(forecast, len(self.agents))
+                except ValueError as exc:
+                    self._rejected += 1
+                    log.warning("forecaster %s: rejected a forecast: %s", forecaster.name, exc)
+                    forecast = None
+            out.append(forecast)
+        return out
+
+    def _known_path(self, request: ForecastRequest) -> bool:
+        """Whether every agent of ``request.path`` is in the vocabulary; log new strangers."""
+        unknown = [a for a in request.path if a not in self._vocabulary]
+        if request.path and not unknown:
+            return True
+        self._unknown_requests += 1
+        for agent in unknown:
+            if agent not in self._unknown_agents:
+                self._unknown_agents.add(agent)
                 log.warning(
-                    "forecaster %s: rejected forecast for %s: %s",
+                    "agent %r (app %s) is unknown to the predictor (agents: %s); its "
+                    "workflows go without forecasts",
+                    agent,
+                    request.app,
+                    ", ".join(self.agents),
+                )
+        return False
+
+    def _run(self, forecaster: Forecaster, states: list[WorkflowState]) -> list[np.ndarray | None]:
+        """Forecast ``states`` in one call; ``None`` for each state it failed.
+
+        A ``ValueError`` is the interface's bad-input error (one state's path or hidden
+        size), so the batch is retried state by state and only the refused states fail;
+        any other error fails the whole batch.
+        """
+        try:
+            return list(self._call(forecaster, states))
+        except ValueError as exc:
+            if len(states) == 1:
+                self._failures += 1
+                log.warning(
+                    "forecaster %s refused workflow %s: %s",
                     forecaster.name,
-                    states[i].workflow_id,
+                    states[0].workflow_id,
                     exc,
                 )
-                left.append(i)
-        return left
+                return [None]
+        except Exception:
+            self._failures += 1
+            log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(states))
+            return [None] * len(states)
+        out: list[np.ndarray | None] = []
+        refused: list[str] = []
+        for state in states:
+            try:
+                out.append(self._call(forecaster, [state])[0])
+            except Exception as exc:
+                refused.append(f"{state.workflow_id} ({exc})")
+                out.append(None)
+        self._failures += 1
+        log.warning(
+            "forecaster %s refused %d of %d states: %s",
+            forecaster.name,
+            len(refused),
+            len(states),
+            "; ".join(refused),
+        )
+        return out
+
+    @staticmethod
+    def _call(forecaster: Forecaster, states: list[WorkflowState]) -> np.ndarray:
+        forecasts = np.asarray(forecaster.forecast(states))
+        if forecasts.ndim != 3 or forecasts.shape[0] != len(states):
+            raise RuntimeError(
+                f"{forecaster.name} returned shape {forecasts.shape} for {len(states)} states"
+            )
+        return forecasts
 
     def predictor_statistics(self) -> PredictorStatistics:
         """Return a snapshot of the request, batch and fallback counters."""
@@ -208,5 +270,7 @@ class PredictorActor(Actor):
             self._fallbacks,
             self._failures,
             self._unanswered,
+            self._unknown_requests,
+            tuple(sorted(self._unknown_agents)),
             self._rejected,
         )

@@ -8,6 +8,16 @@ an Analyzer retry loop), ``hover`` (multi-hop claim verification, 2–4 hops per
 of the τ-bench airline trajectories).
 """
 
+from pbkv.assets import (
+    TokenizerUnavailable,
+    cache_dir,
+    decode,
+    encode,
+    encode_batch,
+    load_tokenizer,
+    smollm2_gguf_path,
+    vocab_size,
+)
 from pbkv.examples.apps import App, app_names, get_app, register_app, validate_path
 from pbkv.examples.codegen import (
     MAX_RETRIES,
@@ -27,16 +37,6 @@ from pbkv.examples.mooncake import (
 )
 from pbkv.examples.swebench import MAX_CODER_TURNS, SwebenchApp, SwebenchTask
 from pbkv.examples.taubench import TOOL_LATENCY_S, Episode, TauBenchApp, load_episodes
-from pbkv.examples.tokenizer import (
-    TokenizerUnavailable,
-    cache_dir,
-    decode,
-    encode,
-    encode_batch,
-    load_tokenizer,
-    smollm2_gguf_path,
-    vocab_size,
-)
 
 __all__ = [
     "BUNDLED_DATA_DIR",

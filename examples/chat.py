@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
 from pbkv.actors.workload import Segment
-from pbkv.examples.tokenizer import encode
+from pbkv.assets import encode
 from pbkv.live.graph import PromptBuilder, State, TokenPrompt
 
 END_OF_TURN = "<|im_end|>\n"

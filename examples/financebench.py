@@ -50,7 +50,7 @@ from pbkv.examples.chat import (
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
-from pbkv.examples.tokenizer import encode
+from pbkv.assets import encode
 from pbkv.live.graph import END, START, App, LiveTask, State
 from pbkv.live.session import Simulated
 

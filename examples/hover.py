@@ -59,7 +59,7 @@ from pbkv.examples.chat import (
 )
 from pbkv.examples.filler import fill_lines, from_pools
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
-from pbkv.examples.tokenizer import decode
+from pbkv.assets import decode
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
 

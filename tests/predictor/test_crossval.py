@@ -7,11 +7,11 @@ from rich.console import Console
 from pbkv.examples import get_app
 from pbkv.predictor import make_forecaster
 from pbkv.predictor.callgraph import CallGraph
-from pbkv.predictor.cli_commands import eval_predictor, trace_generate
 from pbkv.predictor.crossval import cross_validate, pool_scores
 from pbkv.predictor.dataset import task_folds
 from pbkv.predictor.scoring import ForecastScores, score_forecaster
 from pbkv.predictor.train import TrainConfig
+from pbkv.predictor_commands import eval_predictor, trace_generate
 
 
 def _trials(make_record, tasks: int, trials: int):

@@ -6,7 +6,7 @@ import pytest
 from rich.console import Console
 
 from pbkv.predictor import read_traces
-from pbkv.predictor.cli_commands import (
+from pbkv.predictor_commands import (
     bench_predictor,
     eval_predictor,
     trace_generate,

