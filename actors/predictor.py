@@ -167,7 +167,10 @@ class PredictorActor(Actor):
         for position, forecaster in enumerate(self.chain):
             if not rows:
                 break
-            answered = self._validated(forecaster, self._run(forecaster, [states[i] for i in rows]))
+            batch_states = [states[i] for i in rows]
+            answered = self._validated(
+                forecaster, batch_states, self._run(forecaster, batch_states)
+            )
             failed = [i for i, f in zip(rows, answered, strict=True) if f is None]
             for i, forecast in zip(rows, answered, strict=True):
                 out[i] = forecast
@@ -178,17 +181,25 @@ class PredictorActor(Actor):
         return out
 
     def _validated(
-        self, forecaster: Forecaster, forecasts: list[np.ndarray | None]
+        self,
+        forecaster: Forecaster,
+        states: list[WorkflowState],
+        forecasts: list[np.ndarray | None],
     ) -> list[np.ndarray | None]:
         """Replace each malformed forecast by ``None`` (counted and logged, §10)."""
         out: list[np.ndarray | None] = []
-        for forecast in forecasts:
+        for state, forecast in zip(states, forecasts, strict=True):
             if forecast is not None:
                 try:
                     forecast = validate_forecast(forecast, len(self.agents))
                 except ValueError as exc:
                     self._rejected += 1
-                    log.warning("forecaster %s: rejected a forecast: %s", forecaster.name, exc)
+                    log.warning(
+                        "forecaster %s: rejected forecast for %s: %s",
+                        forecaster.name,
+                        state.workflow_id,
+                        exc,
+                    )
                     forecast = None
             out.append(forecast)
         return out
