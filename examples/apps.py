@@ -10,8 +10,9 @@ the studies and the live runs come from one definition.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pbkv.actors.workload import Workflow
 from pbkv.predictor.trace import END
@@ -67,15 +68,58 @@ def app_names() -> tuple[str, ...]:
 
 
 def get_app(name: str) -> App:
-    """Build the app registered as ``name``.
+    """Build the app registered as ``name``, or load a user's app ``"module:attribute"``
+    (see :func:`load_app`).
 
     Raises:
-        ValueError: no app has that name (the message lists the known ones).
+        ValueError: no app has that name (the message lists the known ones); or as
+            :func:`load_app`.
     """
+    if ":" in name:
+        return load_app(name)
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown app {name!r}; known apps: {', '.join(app_names())}")
     return factory()
+
+
+def load_app(spec: str) -> App:
+    """Load the app ``"module:attribute"`` names from an importable module.
+
+    The attribute is a :class:`pbkv.live.App` (or any object with the :class:`App`
+    attributes and ``generate``), or a callable without arguments that returns one
+    (a class or factory). A graph app is validated; one without a task source works on
+    default tasks (:meth:`pbkv.live.App.task`).
+
+    Raises:
+        ValueError: ``spec`` is not ``module:attribute``, the module cannot be imported,
+            it has no such attribute, the attribute (or what it returned) is not an
+            app, or the graph is invalid (each names the part).
+    """
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"app {spec!r}: expected 'module:attribute', such as 'my_app:app'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"app {spec!r}: cannot import module {module_name!r} ({exc})") from exc
+    obj: Any = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"app {spec!r}: module {module_name!r} has no attribute {attribute!r}")
+        obj = getattr(obj, part)
+    if not isinstance(obj, App) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, App):
+        raise ValueError(
+            f"app {spec!r}: {module_name}.{attribute} is a {type(obj).__name__}, not an app "
+            "(a pbkv.live.App, or an object with name, agents, entry_agents, edges and "
+            "generate(n_workflows, seed))"
+        )
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
 
 
 def validate_path(app: App, path: Sequence[str]) -> None:

@@ -220,7 +220,7 @@ class CodegenApp(App):
         super().__init__("codegen", preamble=text.render_preamble())
         system, opening = system_prompt(text), task_opening("Task")
         for agent in AGENTS:
-            low, high = OUTPUT_TOKENS[agent]
+            high = OUTPUT_TOKENS[agent][1]
             self.agent(
                 agent,
                 role=text.ROLE_PROMPTS[agent],

@@ -237,10 +237,9 @@ def simulate_search(state: State) -> ToolResult:
 
 async def search(state: State) -> str:
     """Return one search's passages on a real engine (the fictional corpus's lines)."""
-    n_tokens = draw_tokens(state.rng("search"), PASSAGE_TOKENS)
-    return decode(
-        fill_lines("", text.PASSAGE_LINES, n_tokens, state.rng("search"), from_pools(_pools()))
-    )
+    rng = state.rng("search")
+    n_tokens = draw_tokens(rng, PASSAGE_TOKENS)
+    return decode(fill_lines("", text.PASSAGE_LINES, n_tokens, rng, from_pools(_pools())))
 
 
 def _output(
@@ -292,7 +291,7 @@ class HoverApp(App):
         super().__init__("hover", preamble=text.render_preamble(), recursion_limit=64)
         system, opening = system_prompt(text), task_opening("Task")
         for agent in AGENTS:
-            low, high = OUTPUT_TOKENS[agent]
+            high = OUTPUT_TOKENS[agent][1]
             self.agent(
                 agent,
                 role=text.ROLE_PROMPTS[agent],

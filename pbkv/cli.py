@@ -563,6 +563,10 @@ def _check_app(app: str, traces: str, strict: bool) -> None:
     ``strict``, hold a bad line). Quiet: the command's own read warns of bad lines."""
     from pbkv.predictor.trace import read_traces
 
+    if ":" in app:  # a user's "module:attribute": its traces carry the app's name
+        from pbkv.examples import get_app
+
+        app = get_app(app).name
     apps = {r.app for r in read_traces(traces, strict=strict, warn=False).records}
     if apps and apps != {app}:
         raise ValueError(f"{traces} holds traces of {', '.join(sorted(apps))}, not {app}")
@@ -662,7 +666,10 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-APP_HELP = "app: codegen, hover, swebench, financebench or taubench"
+APP_HELP = (
+    "app: codegen, hover, swebench, financebench, taubench, or a user's app as "
+    "module:attribute (a pbkv.live.App, or a factory of one, in an importable module)"
+)
 
 
 def _add_fit_arguments(parser: argparse.ArgumentParser, scope: str) -> None:
@@ -723,6 +730,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.argv = argv
+    if os.getcwd() not in sys.path:  # --app my_module:app finds my_module.py here (last,
+        sys.path.append(os.getcwd())  # so it never shadows an installed package)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     # Piped output would be cut to 80 columns; the comparison table needs about 150.
     console = Console() if sys.stdout.isatty() else Console(width=160)

@@ -8,6 +8,7 @@ scheduler seeded, so the same seed gives the same figures.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -82,9 +83,17 @@ class BenchConfig:
     check_integrity: bool = False
 
 
+END_REASONS = ("end", "recursion_limit", "error", "aborted")
+"""How a workflow may end (``WorkflowTerminated.reason``), in the table's order."""
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyResult:
-    """Summary of one policy's run (times in simulated seconds)."""
+    """Summary of one policy's run (times in simulated seconds).
+
+    Latencies are over the workflows that ran to their end (``end`` or
+    ``recursion_limit``); ``end_reasons`` counts every workflow by how it ended.
+    """
 
     policy: str
     predictor: str
@@ -102,6 +111,7 @@ class PolicyResult:
     kv: KVStatistics
     wall_s: float
     hit_timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
+    end_reasons: dict[str, int] = field(default_factory=dict)
 
 
 def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
@@ -227,12 +237,16 @@ def summarise_outcomes(
     wall_s: float,
     timeline: list[tuple[float, float]],
 ) -> PolicyResult:
-    """Summarise one policy's run: latency percentiles over completed workflows, mean
-    TTFT over invocations, hit rates from the KV statistics, throughput over the makespan.
+    """Summarise one policy's run: latency percentiles over the workflows that ran to
+    their end (``end`` or ``recursion_limit``; not ``error``/``aborted``), counts by end
+    reason, mean TTFT over invocations, hit rates from the KV statistics, throughput
+    over the makespan.
 
     Times are in whatever clock the run used (simulated or wall seconds).
     """
-    latencies = np.array([o.latency_s for o in outcomes if o.reason != "error"] or [np.nan])
+    ran = [o.latency_s for o in outcomes if o.reason in ("end", "recursion_limit")]
+    latencies = np.array(ran or [np.nan])
+    reasons = Counter(o.reason for o in outcomes)
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
     makespan = max(o.end_s for o in outcomes) - min(o.start_s for o in outcomes)
     return PolicyResult(
@@ -252,6 +266,7 @@ def summarise_outcomes(
         kv=kv,
         wall_s=wall_s,
         hit_timeline=tuple(timeline),
+        end_reasons={reason: reasons[reason] for reason in END_REASONS},
     )
 
 
@@ -315,7 +330,7 @@ def compare_policies(
     Raises:
         ValueError: unknown app, policy, predictor or profile name.
     """
-    from pbkv.examples import get_app
+    from pbkv.examples import get_app  # a registered name or a user's "module:attribute"
 
     for name in config.policies:
         get_policy(name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 from rich.table import Table
 
-from pbkv.bench.compare import BenchConfig, PolicyResult
+from pbkv.bench.compare import END_REASONS, BenchConfig, PolicyResult
 from pbkv.bench.sweeps import SweepPoint
 
 
@@ -30,6 +30,8 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
 
     Speedup is lru's mean workflow latency over the policy's; the hit-rate ratio is the
     policy's GPU hit rate over lru's. Without an ``lru`` row the first row is the baseline.
+    The last column counts the workflows by end reason: end / recursion_limit / error /
+    aborted.
     """
     base = next((r for r in results if r.policy == "lru"), results[0])
     table = Table(title=title, caption=f"speedup and GPU hit ratio are relative to {base.policy}")
@@ -44,7 +46,7 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
         "recomputed tok",
         "speedup",
         "GPU hit ratio",
-        "failed",
+        "end/limit/err/abort",
     ):
         table.add_column(name, justify="left" if name in ("policy", "predictor") else "right")
     for r in results:
@@ -59,7 +61,7 @@ def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str
             f"{r.recomputed_tokens:,}",
             ratio_text(base.mean_latency_s, r.mean_latency_s),
             ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
-            str(r.failed_workflows),
+            "/".join(str(r.end_reasons.get(reason, 0)) for reason in END_REASONS),
         )
     return table
 

@@ -143,3 +143,37 @@ def test_seed_scheduler_turns_on_trios_deterministic_scheduling():
     first = trio_run._r.random()
     seed_scheduler(3)
     assert trio_run._r.random() == first
+
+
+USER_APP = '''
+import pbkv.live as live
+
+def make():
+    """Writer -> Critic; a REVISE verdict loops back, at most twice (then recursion_limit)."""
+    app = live.App("essay", preamble="You write essays as a team.")
+    app.agent("writer", role="Write.", max_new_tokens=120, max_visits=3,
+              simulate=lambda s: live.Simulated(output_tokens=100, gap_s=0.1))
+    app.agent("critic", role="Say ACCEPT or REVISE.", max_new_tokens=20,
+              simulate=lambda s: live.Simulated(text="REVISE", output_tokens=10))
+    app.edge(live.START, "writer").edge("writer", "critic")
+    app.route("critic", lambda s, out: "writer" if "REVISE" in out.text else live.END,
+              ["writer", live.END])
+    return app
+
+app = make()
+'''
+
+
+def test_cli_bench_runs_a_user_app_and_counts_end_reasons(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_essay.py").write_text(USER_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--app", "user_essay:app", "--workflows", "3", "--concurrency", "2"]
+    assert (
+        main([*argv, "--policies", "lru,pbkv", "--train-workflows", "5", "--json", str(out)]) == 0
+    )
+    assert "0/3/0/0" in capsys.readouterr().out  # every essay is revised until the cap
+    results = json.loads(out.read_text())["results"]
+    for r in results:
+        assert r["end_reasons"] == {"end": 0, "recursion_limit": 3, "error": 0, "aborted": 0}
+        assert r["mean_latency_s"] > 0  # capped workflows ran to their end: they count

@@ -173,3 +173,40 @@ def test_graph_app_without_a_task_source_gets_default_tasks():
     assert workflow.agents == ("solver",) and workflow.end_reason == "end"
     with pytest.raises(TypeError, match="not LiveTask"):
         app.tasks(lambda seed, i: "a task").generate(1, 0)
+
+
+def test_load_app_takes_a_graph_or_a_factory_from_a_module(tmp_path, monkeypatch):
+    (tmp_path / "user_toy.py").write_text(
+        "import pbkv.live as live\n"
+        "def make():\n"
+        "    app = live.App('toy-user').agent('solver', role='Solve.')\n"
+        "    return app.edge(live.START, 'solver').edge('solver', live.END)\n"
+        "app = make()\n"
+        "broken = live.App('broken').agent('solver', role='Solve.')\n"
+        "number = 42\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec in ("user_toy:app", "user_toy:make"):
+        app = get_app(spec)
+        assert (app.name, app.agents, app.edges) == ("toy-user", ("solver",), (("solver", END),))
+        assert [w.agents for w in app.generate(2, 0)] == [("solver",), ("solver",)]
+    for spec, message in (
+        ("user_toy", "unknown app"),
+        ("user_toy:", "expected 'module:attribute'"),
+        ("no_such_module_xyz:app", "cannot import module 'no_such_module_xyz'"),
+        ("user_toy:nope", "has no attribute 'nope'"),
+        ("user_toy:number", "is a int, not an app"),
+        ("user_toy:broken", "no edge from START"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            get_app(spec)
+
+
+def test_a_capped_node_lets_the_agent_before_it_end_the_workflow():
+    app = LiveApp("capped").agent("a", role="A.").agent("b", role="B.", max_visits=2)
+    app.edge(START, "a").edge("a", "b").edge("b", "a")
+    assert set(app.edges) == {("a", "b"), ("a", END), ("b", "a")}
+    assert app.entry_agents == ("a",)
+    (workflow,) = app.generate(1, 0)
+    assert (workflow.agents, workflow.end_reason) == (("a", "b") * 2 + ("a",), "recursion_limit")
+    validate_path(app, workflow.agents)
