@@ -153,7 +153,7 @@ class OwnedCacheEngine(Generic[E]):
 
         Mutates: the queue, the running batch, the KV manager (via :meth:`_fail`).
         """
-        error = EngineError(f"request {entry.request.request_id}: cancelled by its caller")
+        error = _cancelled(entry)
         if entry in self._waiting:
             self._waiting.remove(entry)
         elif self._executing:
@@ -172,7 +172,7 @@ class OwnedCacheEngine(Generic[E]):
                 continue  # it finished in that very step
             if entry in self._running:
                 self._running.remove(entry)
-            self._fail(entry, EngineError(f"request {entry.request.request_id}: cancelled"))
+            self._fail(entry, _cancelled(entry))
 
     async def _wait_for_work(self, deadline_s: float = math.inf) -> None:
         """Sleep until a request arrives or the clock reaches ``deadline_s``."""
@@ -224,3 +224,7 @@ class OwnedCacheEngine(Generic[E]):
 
     def _start(self, entry: E, admission: Admission) -> None:
         raise NotImplementedError
+
+
+def _cancelled(entry: Queued) -> EngineError:
+    return EngineError(f"request {entry.request.request_id}: cancelled by its caller")

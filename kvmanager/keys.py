@@ -23,7 +23,13 @@ import numpy as np
 _DIGEST_BYTES = 16
 
 
-def block_keys(token_ids: Sequence[int], block_size: int, namespace: str = "") -> list[int]:
+def block_keys(
+    token_ids: Sequence[int],
+    block_size: int,
+    namespace: str = "",
+    *,
+    known: Sequence[int] = (),
+) -> list[int]:
     """Return one chained key per full block of ``token_ids``.
 
     Args:
@@ -31,27 +37,35 @@ def block_keys(token_ids: Sequence[int], block_size: int, namespace: str = "") -
         block_size: tokens per KV block, > 0.
         namespace: tenant / cache salt mixed into every key (the radix tree also keeps
             namespaces apart; this keeps keys apart wherever they travel).
+        known: keys already computed for the leading blocks of ``token_ids`` (with the
+            same namespace), e.g. the prompt's when keying prompt + output; only the
+            blocks after them are hashed.
 
     Returns:
         ``len(token_ids) // block_size`` non-negative ints below ``2**128``; key ``i``
         depends on the namespace and tokens ``[0, (i+1) * block_size)``.
 
     Raises:
-        ValueError: ``block_size`` is not positive, or a token id does not fit int64.
+        ValueError: ``block_size`` is not positive, a token id does not fit int64, or
+            ``known`` has more keys than ``token_ids`` has blocks.
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be > 0, got {block_size}")
     n_blocks = len(token_ids) // block_size
-    if n_blocks == 0:
-        return []
+    if len(known) > n_blocks:
+        raise ValueError(f"{len(known)} known keys for {n_blocks} blocks")
+    start = len(known) * block_size
     try:
-        data = np.asarray(token_ids[: n_blocks * block_size], dtype="<i8").tobytes()
+        data = np.asarray(token_ids[start : n_blocks * block_size], dtype="<i8").tobytes()
     except OverflowError as exc:
         raise ValueError(f"a token id does not fit int64: {exc}") from exc
+    if known:
+        parent = int(known[-1]).to_bytes(_DIGEST_BYTES, "little")
+    else:
+        parent = hashlib.blake2b(namespace.encode(), digest_size=_DIGEST_BYTES).digest()
+    keys = list(known)
     step = block_size * 8
-    parent = hashlib.blake2b(namespace.encode(), digest_size=_DIGEST_BYTES).digest()
-    keys: list[int] = []
-    for start in range(0, len(data), step):
-        parent = hashlib.blake2b(parent + data[start : start + step], digest_size=16).digest()
+    for offset in range(0, len(data), step):
+        parent = hashlib.blake2b(parent + data[offset : offset + step], digest_size=16).digest()
         keys.append(int.from_bytes(parent, "little"))
     return keys

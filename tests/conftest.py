@@ -2,8 +2,10 @@
 
 ``HYPOTHESIS_PROFILE=soak`` turns the stateful tests into a long soak (see
 ``tests/kvmanager/test_radix_stateful.py``): ``PBKV_SOAK_EXAMPLES`` examples (default
-10,000) of up to ``PBKV_SOAK_STEPS`` steps each (default 100), about 10^6 steps. Any
-other value names a registered profile; unset, Hypothesis's defaults apply.
+14,000) of up to ``PBKV_SOAK_STEPS`` steps each (default 100). The KV-manager machine
+averages about 74 steps per example at these settings (measured: 111,529 over 1,500), so
+the default is about 10^6 steps. Any other value names a registered profile; unset,
+Hypothesis's defaults apply.
 """
 
 import os
@@ -13,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "soak",
-    max_examples=int(os.environ.get("PBKV_SOAK_EXAMPLES", "10000")),
+    max_examples=int(os.environ.get("PBKV_SOAK_EXAMPLES", "14000")),
     stateful_step_count=int(os.environ.get("PBKV_SOAK_STEPS", "100")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -171,7 +171,12 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         req, adm = entry.request, entry.admission
         assert adm is not None
         output = _output_tokens(req)
-        keys = block_keys(req.prompt_token_ids + output, self.kv.config.block_size, req.namespace)
+        keys = block_keys(
+            req.prompt_token_ids + output,
+            self.kv.config.block_size,
+            req.namespace,
+            known=entry.keys,
+        )
         self.kv.commit(adm, keys)
         self.kv.release(adm)
         self._running.remove(entry)

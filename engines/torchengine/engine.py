@@ -345,7 +345,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         req, adm = entry.request, entry.admission
         assert adm is not None
         computed = req.prompt_token_ids + tuple(entry.output[:-1])  # the last has no KV yet
-        self.kv.commit(adm, block_keys(computed, self.kv.config.block_size, req.namespace))
+        keys = block_keys(computed, self.kv.config.block_size, req.namespace, known=entry.keys)
+        self.kv.commit(adm, keys)
         self.kv.release(adm)
         self._running.remove(entry)
         entry.cache = None

@@ -59,3 +59,12 @@ def test_keys_do_not_depend_on_the_process_hash_seed():
 def test_token_ids_outside_int64_are_refused():
     with pytest.raises(ValueError, match="token id"):
         block_keys([2**63], 1)
+
+
+def test_known_leading_keys_continue_the_chain():
+    tokens = list(range(40))
+    prompt_keys = block_keys(tokens[:23], 4, namespace="t")  # 5 full blocks
+    assert block_keys(tokens, 4, namespace="t", known=prompt_keys) == block_keys(tokens, 4, "t")
+    assert block_keys(tokens[:20], 4, "t", known=prompt_keys) == prompt_keys
+    with pytest.raises(ValueError, match="6 known keys for 5 blocks"):
+        block_keys(tokens[:20], 4, known=block_keys(tokens[:24], 4))
