@@ -214,7 +214,7 @@ class TrtllmEngine:
         mirror = self.kv.mirror
         in_use = self._in_flight * 2  # running requests' private tail blocks, at least
         free = levels[0] - mirror.count(0) - in_use
-        return max(0, free) + mirror.count(0, below_priority=30)
+        return max(0, free) + mirror.dead_gpu_blocks
 
     async def _run_touch(self, touch: Touch) -> None:
         bs = self.config.tokens_per_block

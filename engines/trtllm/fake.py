@@ -36,32 +36,38 @@ chained hash over (parent hash, tokens, cache salt on the first block), not
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, MAX_PRIORITY, OFFLOAD_MIN_PRIORITY
+from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, OFFLOAD_MIN_PRIORITY
 
 log = logging.getLogger(__name__)
 
 GPU, HOST = 0, 1
 
 
+_MASK = (1 << 64) - 1
+
+
+def _salt_key(cache_salt: str) -> int:
+    if not cache_salt:
+        return 0
+    return int.from_bytes(hashlib.blake2b(cache_salt.encode(), digest_size=8).digest(), "little")
+
+
 def block_hash(tokens: Sequence[int], parent_hash: int | None, cache_salt: str = "") -> int:
     """Return the fake's 64-bit hash of one full block, chained over its prefix.
 
     The cache salt enters the first block's hash, so every later block differs too
-    (tenants never share blocks).
+    (tenants never share blocks). Deterministic across processes (no ``str`` hashing).
     """
-    h = hashlib.blake2b(digest_size=8)
-    h.update(b"-" if parent_hash is None else parent_hash.to_bytes(8, "little"))
-    if parent_hash is None:
-        h.update(cache_salt.encode())
-    h.update(b"|".join(str(t).encode() for t in tokens))
-    return int.from_bytes(h.digest(), "little")
+    head = _salt_key(cache_salt) if parent_hash is None else parent_hash
+    return hash((head, parent_hash is None, *tokens)) & _MASK
 
 
 def prompt_block_hashes(
@@ -72,8 +78,9 @@ def prompt_block_hashes(
     hashes: list[int] = []
     parent: int | None = None
     usable = len(prompt_token_ids) - 1
+    tokens = tuple(prompt_token_ids)
     for start in range(0, usable - usable % tokens_per_block, tokens_per_block):
-        parent = block_hash(prompt_token_ids[start : start + tokens_per_block], parent, cache_salt)
+        parent = block_hash(tokens[start : start + tokens_per_block], parent, cache_salt)
         hashes.append(parent)
     return hashes
 
@@ -119,10 +126,21 @@ class Block:
     expiry_s: float | None = None
     ref_count: int = 0
     release_seq: int = 0
+    level_children: list[int] = field(default_factory=lambda: [0, 0])
 
     @property
     def in_tree(self) -> bool:
         return self.hash is not None
+
+    @property
+    def free(self) -> bool:
+        """In the tree with no reference: sits in a free queue."""
+        return self.hash is not None and self.ref_count == 0
+
+    @property
+    def leaf(self) -> bool:
+        """No child at this block's own cache level (eviction takes leaves only)."""
+        return self.level_children[self.level] == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +203,12 @@ class FakeBlockManager:
         self.tokens_per_block = config.tokens_per_block
         self.num_blocks = (config.gpu_blocks, config.host_blocks)
         self._used = [0, 0]
-        self._free: list[list[OrderedDict[int, Block]]] = [
-            [OrderedDict() for _ in range(MAX_PRIORITY + 1)] for _ in range(2)
-        ]
+        # Free queues: per level, a heap ordered as the 101 FIFO queues are scanned
+        # (priority, then release order), holding free leaves; stale entries are
+        # skipped on pop (see _valid).
+        self._heaps: list[list[tuple[int, int, int, Block]]] = [[], []]
+        self._free_count = [0, 0]
+        self._expiries: list[tuple[float, int, Block]] = []
         self._tree: dict[int, Block] = {}
         self._roots: dict[int, Block] = {}
         self._sequences: dict[int, GenerationSequence] = {}
@@ -239,7 +260,7 @@ class FakeBlockManager:
 
     def reusable_blocks(self, level: int) -> int:
         """Blocks of ``level`` in the tree with no reference (evictable, eventually)."""
-        return sum(len(q) for q in self._free[level])
+        return self._free_count[level]
 
     def lookup(self, h: int) -> Block | None:
         return self._tree.get(h)
@@ -247,13 +268,22 @@ class FakeBlockManager:
     def blocks_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
         return math.ceil((prompt_tokens + max_new_tokens) / self.tokens_per_block)
 
-    def can_add(self, prompt_token_ids: Sequence[int], max_new_tokens: int, salt: str = "") -> bool:
+    def can_add(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_new_tokens: int,
+        salt: str = "",
+        hashes: Sequence[int] | None = None,
+    ) -> bool:
         """Whether a request fits now with every block reserved (GUARANTEED_NO_EVICT).
 
-        Does not modify the manager.
+        ``hashes`` are the prompt's block hashes if the caller has them. Does not modify
+        the manager.
         """
         held = claimed_free = 0
-        for h in prompt_block_hashes(prompt_token_ids, self.tokens_per_block, salt):
+        if hashes is None:
+            hashes = prompt_block_hashes(prompt_token_ids, self.tokens_per_block, salt)
+        for h in hashes:
             b = self._tree.get(h)
             if b is None:
                 break
@@ -273,6 +303,7 @@ class FakeBlockManager:
         max_new_tokens: int,
         retention: Any = None,
         cache_salt: str = "",
+        hashes: Sequence[int] | None = None,
     ) -> GenerationSequence:
         """Match, claim, onboard and allocate the prompt's blocks (``addSequence``).
 
@@ -286,15 +317,17 @@ class FakeBlockManager:
         """
         if request_id in self._sequences:
             raise ValueError(f"request {request_id} already has a sequence")
-        if not self.can_add(prompt_token_ids, max_new_tokens, cache_salt):
-            raise ValueError(f"request {request_id} does not fit in the GPU pool now")
         bs = self.tokens_per_block
+        if hashes is None:
+            hashes = prompt_block_hashes(prompt_token_ids, bs, cache_salt)
+        if not self.can_add(prompt_token_ids, max_new_tokens, cache_salt, hashes):
+            raise ValueError(f"request {request_id} does not fit in the GPU pool now")
         prompt = list(prompt_token_ids)
         n_blocks = math.ceil(len(prompt) / bs)
         per_block = per_block_retention(retention, bs, n_blocks)
         blocks: list[Block] = []
         onboarded = 0
-        for i, h in enumerate(prompt_block_hashes(prompt, bs, cache_salt)):
+        for i, h in enumerate(hashes):
             b = self._tree.get(h)
             if b is None:
                 break
@@ -331,7 +364,7 @@ class FakeBlockManager:
     def _claim(self, b: Block, priority: int | None, duration_s: float | None) -> int:
         """Take a reference on a matched block; re-tag it; onboard it. Returns 1 if onboarded."""
         if b.ref_count == 0:
-            del self._free[b.level][b.priority][b.block_id]
+            self._free_count[b.level] -= 1
         b.ref_count += 1
         old = b.priority
         if priority is not None:
@@ -342,7 +375,7 @@ class FakeBlockManager:
         if onboard:
             self._take(GPU)
             self._used[HOST] -= 1
-            b.level = GPU
+            self._move(b, GPU)
         if onboard or b.priority != old:
             self._emit(
                 _updated(
@@ -384,11 +417,42 @@ class FakeBlockManager:
     def _victim(self, level: int) -> Block | None:
         """The front of the lowest non-empty priority queue that is a leaf at ``level``."""
         self.refresh()
-        for queue in self._free[level]:
-            for b in queue.values():
-                if not any(c.level == level for c in b.children.values()):
-                    return b
+        heap = self._heaps[level]
+        while heap:
+            entry = heap[0]
+            if self._valid(entry, level):
+                return entry[3]
+            heapq.heappop(heap)
         return None
+
+    @staticmethod
+    def _valid(entry: tuple[int, int, int, Block], level: int) -> bool:
+        priority, seq, _, b = entry
+        return (
+            b.free
+            and b.level == level
+            and b.leaf
+            and b.priority == priority
+            and b.release_seq == seq
+        )
+
+    def _push(self, b: Block) -> None:
+        """Queue ``b`` for eviction if it is a free leaf (its place: priority, release order)."""
+        if b.free and b.leaf:
+            heapq.heappush(self._heaps[b.level], (b.priority, b.release_seq, b.block_id, b))
+
+    def _move(self, b: Block, level: int) -> None:
+        """Change ``b``'s cache level, keeping its parent's per-level child counts."""
+        old = b.level
+        b.level = level
+        if b.free:
+            self._free_count[old] -= 1
+            self._free_count[level] += 1
+        parent = b.parent
+        if parent is not None:
+            parent.level_children[old] -= 1
+            parent.level_children[level] += 1
+            self._push(parent)
 
     def _can_offload(self, b: Block) -> bool:
         c = self.config
@@ -400,11 +464,12 @@ class FakeBlockManager:
 
     def _offload(self, b: Block) -> None:
         self._take(HOST)
-        del self._free[GPU][b.priority][b.block_id]
         self._used[GPU] -= 1
-        b.level = HOST
+        self._move(b, HOST)
         b.duration_s = b.expiry_s = None
-        self._free[HOST][b.priority][b.block_id] = b
+        self._seq += 1
+        b.release_seq = self._seq  # appended to the host queue
+        self._push(b)
         self.counters.offloaded_blocks += 1
         self._emit(_updated(b.hash, (GPU, HOST), None))
 
@@ -416,7 +481,7 @@ class FakeBlockManager:
             node = stack.pop()
             stack.extend(node.children.values())
             assert node.ref_count == 0 and node.hash is not None
-            del self._free[node.level][node.priority][node.block_id]
+            self._free_count[node.level] -= 1
             del self._tree[node.hash]
             self._used[node.level] -= 1
             if node is b and node.level == HOST:
@@ -424,25 +489,23 @@ class FakeBlockManager:
             else:
                 self.counters.dropped_blocks += 1
             removed.append(node.hash)
+            node.hash = None
         if b.parent is not None:
-            del b.parent.children[b.hash]  # type: ignore[arg-type]
+            del b.parent.children[removed[0]]
+            b.parent.level_children[b.level] -= 1
+            self._push(b.parent)
         else:
-            del self._roots[b.hash]  # type: ignore[arg-type]
+            del self._roots[removed[0]]
         self._emit({"type": "removed", "block_hashes": removed})
 
     def refresh(self) -> None:
         """Move free blocks whose duration has lapsed back to priority 35."""
         now = self.clock()
-        for level in (GPU, HOST):
-            for p, queue in enumerate(self._free[level]):
-                if p == DEFAULT_PRIORITY:
-                    continue
-                for b in [
-                    b for b in queue.values() if b.expiry_s is not None and b.expiry_s <= now
-                ]:
-                    del queue[b.block_id]
-                    b.priority, b.expiry_s, b.duration_s = DEFAULT_PRIORITY, None, None
-                    self._free[level][DEFAULT_PRIORITY][b.block_id] = b
+        while self._expiries and self._expiries[0][0] <= now:
+            expiry, _, b = heapq.heappop(self._expiries)
+            if b.free and b.expiry_s == expiry:
+                b.priority, b.expiry_s, b.duration_s = DEFAULT_PRIORITY, None, None
+                self._push(b)
 
     # -- running -------------------------------------------------------------------------
 
@@ -494,6 +557,8 @@ class FakeBlockManager:
             b.tokens, b.hash, b.parent = tokens, h, parent
             self._tree[h] = b
             (parent.children if parent is not None else self._roots)[h] = b
+            if parent is not None:
+                parent.level_children[b.level] += 1
             stored.append(_stored_block(b))
             parent = b
         seq.stored_blocks = max(seq.stored_blocks, full_blocks)
@@ -509,9 +574,11 @@ class FakeBlockManager:
             return
         self._seq += 1
         b.release_seq = self._seq
+        self._free_count[b.level] += 1
         if b.duration_s is not None and b.priority != DEFAULT_PRIORITY:
             b.expiry_s = self.clock() + b.duration_s
-        self._free[b.level][b.priority][b.block_id] = b
+            heapq.heappush(self._expiries, (b.expiry_s, b.block_id, b))
+        self._push(b)
 
     def check_integrity(self) -> None:
         """Assert the conservation law per level: used == tree blocks + private held

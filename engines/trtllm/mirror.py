@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pbkv.engines.trtllm.api import DEFAULT_PRIORITY
+from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, OFFLOAD_MIN_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class MirrorBlock:
         "retired",
         "score",
         "pending_touch",
+        "depth",
     )
 
     def __init__(self, h: int, tokens: tuple[int, ...] | None, parent: MirrorBlock | None) -> None:
@@ -69,6 +70,7 @@ class MirrorBlock:
         self.retired = False
         self.score = 0.0
         self.pending_touch = False
+        self.depth = 0 if parent is None else parent.depth + 1
 
     def path(self) -> list[MirrorBlock]:
         """Blocks from the root down to this one."""
@@ -120,6 +122,8 @@ class Mirror:
         self.last_event_id: int | None = None
         self.stale = False
         self._since_gap = 0
+        self._levels = [0, 0]  # blocks per level
+        self._low_gpu = 0  # GPU blocks below the offload threshold
         self._counts = dict(events=0, gaps=0, lost=0, resyncs=0, ghosts=0, unknown=0)
 
     # -- events -----------------------------------------------------------------------
@@ -145,8 +149,10 @@ class Mirror:
             case "stored":
                 self._stored(data.get("parent_hash"), data["blocks"])
             case "removed":
+                gone: set[int] = set()
                 for h in data["block_hashes"]:
-                    self._remove(h)
+                    if h not in gone:  # a subtree's hashes come listed after its root
+                        gone |= self._remove(h)
             case "updated":
                 self._updated(data)
             case _:
@@ -189,8 +195,9 @@ class Mirror:
                 node = self._add(b["block_hash"], tokens, parent)
             elif node.tokens is None:
                 node.tokens = tokens
-            node.level = int(b.get("cache_level", GPU))
-            node.priority = int(b.get("priority", DEFAULT_PRIORITY))
+            self._set(
+                node, int(b.get("cache_level", GPU)), int(b.get("priority", DEFAULT_PRIORITY))
+            )
             node.confirmed = True
             parent = node
 
@@ -205,34 +212,52 @@ class Mirror:
     ) -> MirrorBlock:
         node = MirrorBlock(h, tokens, parent)
         self.blocks[h] = node
+        self._count(node, +1)
         if parent is not None:
             parent.children[h] = node
         return node
 
-    def _remove(self, h: int) -> None:
+    def _remove(self, h: int) -> set[int]:
+        """Remove block ``h`` and its subtree; return the hashes removed."""
         node = self.blocks.get(h)
         if node is None:
             self._counts["unknown"] += 1
-            return
+            return set()
+        gone = set()
         stack = [node]
         while stack:  # dropping a block drops its subtree, listed or not
             n = stack.pop()
             stack.extend(n.children.values())
-            self.blocks.pop(n.hash, None)
+            if self.blocks.pop(n.hash, None) is not None:
+                self._count(n, -1)
+            gone.add(n.hash)
             self.on_remove(n)
         if node.parent is not None:
             node.parent.children.pop(h, None)
+        return gone
 
     def _updated(self, data: dict[str, Any]) -> None:
         node = self.blocks.get(data["block_hash"])
         if node is None:
             self._counts["unknown"] += 1
             return
+        level, priority = node.level, node.priority
         if data.get("cache_level") is not None:
-            node.level = int(data["cache_level"]["new_value"])
+            level = int(data["cache_level"]["new_value"])
         if data.get("priority") is not None:
-            node.priority = int(data["priority"]["new_value"])
+            priority = int(data["priority"]["new_value"])
+        self._set(node, level, priority)
         node.confirmed = True
+
+    def _count(self, node: MirrorBlock, sign: int) -> None:
+        self._levels[node.level] += sign
+        if node.level == GPU and node.priority < OFFLOAD_MIN_PRIORITY:
+            self._low_gpu += sign
+
+    def _set(self, node: MirrorBlock, level: int, priority: int) -> None:
+        self._count(node, -1)
+        node.level, node.priority = level, priority
+        self._count(node, +1)
 
     # -- resync -----------------------------------------------------------------------
 
@@ -256,7 +281,7 @@ class Mirror:
                 if node is None:
                     node = self._add(h, tuple(block_tokens[i]), parent)
                 node.confirmed = True
-                node.level = GPU
+                self._set(node, GPU, node.priority)
             elif node is not None and self.stale and not node.confirmed:
                 self._counts["ghosts"] += 1
                 self._remove(h)
@@ -288,13 +313,14 @@ class Mirror:
             out.append(node)
         return out
 
-    def count(self, level: int, below_priority: int | None = None) -> int:
-        """Blocks at ``level`` (optionally only those with priority below a bound)."""
-        return sum(
-            1
-            for b in self.blocks.values()
-            if b.level == level and (below_priority is None or b.priority < below_priority)
-        )
+    def count(self, level: int) -> int:
+        """Blocks at ``level`` (O(1))."""
+        return self._levels[level]
+
+    @property
+    def dead_gpu_blocks(self) -> int:
+        """GPU blocks below the offload threshold (dropped first on eviction; O(1))."""
+        return self._low_gpu
 
     def statistics(self) -> MirrorStatistics:
         c = self._counts

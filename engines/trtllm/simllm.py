@@ -21,7 +21,7 @@ from typing import Any
 import trio
 
 from pbkv.engines.sim.costmodel import CostModel
-from pbkv.engines.trtllm.fake import FakeBlockManager, KvCacheMetrics
+from pbkv.engines.trtllm.fake import FakeBlockManager, KvCacheMetrics, prompt_block_hashes
 
 __all__ = ["SimLLM", "SimLLMConfig", "SimLLMStatistics"]
 
@@ -83,6 +83,7 @@ class _Request:
     salt: str
     want_metrics: bool
     arrival_s: float
+    hashes: list[int]
     done: trio.Event = field(default_factory=trio.Event)
     ready_s: float = 0.0
     scheduled_s: float = 0.0
@@ -178,6 +179,7 @@ class SimLLM:
             cache_salt or "",
             bool(getattr(sampling_params, "return_perf_metrics", False)),
             trio.current_time(),
+            prompt_block_hashes(prompt, self.manager.tokens_per_block, cache_salt or ""),
         )
         self._waiting.append(request)
         self._wake.set()
@@ -245,11 +247,11 @@ class SimLLM:
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.config.max_batch_size:
             r = self._waiting[0]
-            if not self.manager.can_add(r.prompt, len(r.output), r.salt):
+            if not self.manager.can_add(r.prompt, len(r.output), r.salt, r.hashes):
                 return  # head-of-line, as the capacity scheduler's FCFS
             self._waiting.popleft()
             seq = self.manager.add_sequence(
-                r.request_id, r.prompt, len(r.output), r.retention, r.salt
+                r.request_id, r.prompt, len(r.output), r.retention, r.salt, r.hashes
             )
             bs = self.manager.tokens_per_block
             reused = seq.metrics.num_reused_blocks

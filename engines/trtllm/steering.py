@@ -154,7 +154,9 @@ class MirrorKV:
         self.horizon = horizon
         self.bands = bands or Bands()
         self.scores = ScoreBoard(self._reprioritize, gamma)
-        self.mirror = Mirror(resync_events, on_remove=self.scores.on_remove)
+        self.mirror = Mirror(resync_events, on_remove=self._on_remove)
+        self._retired: dict[MirrorBlock, None] = {}  # demotion candidates (ordered)
+        self._deepest: dict[tuple[str, str], MirrorBlock] = {}  # (workflow, agent) -> block
         self._forecasts: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
         self._expected: dict[int, list[tuple[str, str, str]]] = {}
         self.step_s = 0.0  # running mean of an invocation's latency (next-use time unit)
@@ -168,8 +170,16 @@ class MirrorKV:
     def steering(self) -> bool:
         return self.policy.uses_forecasts
 
-    def _reprioritize(self, _: object) -> None:
+    def _reprioritize(self, block: MirrorBlock) -> None:
         self.changed += 1
+        if block.retired:
+            self._retired[block] = None
+        else:
+            self._retired.pop(block, None)
+
+    def _on_remove(self, block: MirrorBlock) -> None:
+        self.scores.on_remove(block)
+        self._retired.pop(block, None)
 
     def _notify(self) -> None:
         self.changed += 1
@@ -201,6 +211,8 @@ class MirrorKV:
         self._forecasts.pop(workflow_id, None)
         self._forecast_serial.pop(workflow_id, None)
         self._prefetched.pop(workflow_id, None)
+        for key in [k for k in self._deepest if k[0] == workflow_id]:
+            del self._deepest[key]
         self._notify()
 
     # -- per request (the adapter) -----------------------------------------------------
@@ -220,6 +232,8 @@ class MirrorKV:
             b.salt = salt
         if workflow_id is not None:
             self.scores.touch(blocks, workflow_id, agent)
+            if blocks:
+                self._note_deepest(workflow_id, agent, blocks[-1])
             for h in hashes[len(blocks) :]:
                 self._expected.setdefault(h, []).append((workflow_id, agent, salt))
         return blocks
@@ -231,6 +245,13 @@ class MirrorKV:
             for workflow_id, agent, salt in self._expected.pop(h):
                 block.salt = salt
                 self.scores.touch([block], workflow_id, agent)
+                self._note_deepest(workflow_id, agent, block)
+
+    def _note_deepest(self, workflow_id: str, agent: str, block: MirrorBlock) -> None:
+        key = (workflow_id, agent)
+        known = self._deepest.get(key)
+        if known is None or known.hash not in self.mirror.blocks or block.depth >= known.depth:
+            self._deepest[key] = block
 
     def note_latency(self, e2e_s: float) -> None:
         """Fold one invocation's latency into the running mean (the next-use time unit)."""
@@ -306,7 +327,7 @@ class MirrorKV:
         """
         candidates = [
             b
-            for b in self.mirror.blocks.values()
+            for b in self._retired
             if b.retired
             and b.level == GPU
             and OFFLOAD_MIN_PRIORITY <= b.priority < self.bands.shared
@@ -342,15 +363,9 @@ class MirrorKV:
             nxt = int(np.argmax(forecast[0, :-1]))
             if forecast[0, nxt] < min_next_p:
                 continue
-            agent = agents[nxt]
-            mine = [
-                b
-                for b in self.scores.nodes_of(workflow_id)
-                if agent in b.accessors.get(workflow_id, ())
-            ]
-            if not mine:
+            deepest = self._deepest.get((workflow_id, agents[nxt]))
+            if deepest is None or deepest.hash not in self.mirror.blocks:
                 continue
-            deepest = max(mine, key=lambda b: len(b.path()))
             path = deepest.path()
             on_host = sum(b.level == HOST for b in path)
             if on_host == 0 or on_host + 2 > gpu_room_blocks or any(b.pending_touch for b in path):

@@ -190,3 +190,40 @@ def compare_trtllm(
     )
     results = [r.result for r in runs] + [dataclasses.replace(owned, policy="pbkv-owned")]
     return results, gpu_tokens, runs
+
+
+def steering_summary(results: Sequence[PolicyResult], runs: Sequence[TrtllmRun]) -> list[str]:
+    """Lines under the table: steering's loss against owning the cache, its gain over
+    TensorRT-LLM's default, and what the adapter did (retention configs, touches, events)."""
+    by = {r.policy: r for r in results}
+    default, steered, owned = by["trtllm-default"], by["pbkv-steered"], by["pbkv-owned"]
+
+    def pct(a: float, b: float) -> str:
+        return f"{100 * (a / b - 1):+.1f}%" if b else "n/a"
+
+    def versus(a: PolicyResult, b: PolicyResult) -> str:
+        return (
+            f"mean latency {pct(a.mean_latency_s, b.mean_latency_s)}, "
+            f"GPU hit {100 * (a.gpu_hit_rate - b.gpu_hit_rate):+.1f} pt, "
+            f"total hit {100 * (_total(a) - _total(b)):+.1f} pt, "
+            f"recomputed tokens {pct(a.recomputed_tokens, b.recomputed_tokens)}"
+        )
+
+    lines = [
+        f"gain of steering over trtllm default: {versus(steered, default)}",
+        f"steering loss vs pbkv owning the cache: {versus(steered, owned)}",
+    ]
+    for label, run in zip(("trtllm-default", "pbkv-steered"), runs, strict=True):
+        a, m = run.adapter, run.adapter.mirror  # type: ignore[attr-defined]
+        lines.append(
+            f"{label}: {a.retention_configs} retention configs, touches "
+            f"{a.touches_demote} demote / {a.touches_prefetch} prefetch "
+            f"({a.touch_blocks_retagged} blocks re-tagged, "
+            f"{a.touch_blocks_onboarded} onboarded, {a.touches_skipped_busy} skipped busy); "
+            f"mirror {m.events} events, {m.gaps} gaps, {m.ghosts_dropped} ghosts"
+        )
+    return lines
+
+
+def _total(r: PolicyResult) -> float:
+    return r.gpu_hit_rate + r.host_hit_rate
