@@ -284,7 +284,10 @@ class TrtllmEngine:
 
     def _retention(self, request: GenerateRequest, hashes: list[int], mirrored: list) -> object:
         bs = self.config.tokens_per_block
-        shared = request.segment_lengths[0] if request.segment_lengths else 0
+        # The fixed prefix (shared preamble + role prompt) is what every workflow's
+        # invocation of this agent shares.
+        preamble = request.segment_lengths[0] if request.segment_lengths else 0
+        shared = max(preamble, request.fixed_prefix_tokens)
         prios = self.kv.block_priorities(
             hashes,
             mirrored,

@@ -5,10 +5,12 @@ victim at priority ≥ 30 is offloaded to host, below 30 dropped with its subtre
 latest claim on a block sets its priority; the last prompt token is never reused. So
 pbkv maps its lifecycle state to **coarse bands**:
 
-- shared preamble (and blocks used by several live workflows): ``shared`` (95, no expiry);
+- shared prefix (preamble + role prompt, and blocks used by several live workflows):
+  ``shared`` (95, no expiry);
 - retired cache and dead private cache (score ≈ 0): ``dead`` (10): dropped, not offloaded;
-- active cache: bands 40..90 by ``Score(c)``, lapsing to 35 (the default) after the
-  predicted time to next use × ``duration_slack`` (durations restart at each release);
+- active cache: bands from 40 by ``Score(c)`` (default two: 40, and 50 for a score of
+  2 or more), lapsing to 35 (the default) after the predicted time to next use ×
+  ``duration_slack`` (durations restart at each release);
 - decode blocks: an active band when the workflow is predicted to go on (its output
   is the next prompt's prefix), ``dead`` when it is predicted to end.
 
@@ -36,6 +38,11 @@ from pbkv.kvmanager.policies import Policy
 class Bands:
     """Priority bands (0..100) and the score thresholds that pick them.
 
+    Coarse on purpose (measured on hover under pressure, ``pbkv bench --engine
+    trtllm-sim``): six score bands 40..90 lost 7% latency to two. Strict priority beats
+    recency, and an offloaded block keeps its priority but loses its duration, so
+    stale high bands clog the host tier.
+
     Args:
         shared / dead: priorities of shared preambles and of retired or dead cache
             (``dead`` must stay below the offload threshold 30).
@@ -49,10 +56,10 @@ class Bands:
     shared: int = 95
     dead: int = 10
     active_low: int = 40
-    active_high: int = 90
+    active_high: int = 50
     band_width: int = 10
-    score_per_band: float = 0.4
-    dead_score: float = 0.05
+    score_per_band: float = 2.0
+    dead_score: float = 0.01
     duration_slack: float = 4.0
 
     def __post_init__(self) -> None:
