@@ -156,3 +156,14 @@ async def test_an_overflowing_event_ring_is_detected_and_results_stay_right(auto
     mirror = engine.statistics().mirror
     assert mirror.gaps >= 1 and mirror.lost_events >= 1
     assert again.cached_gpu_tokens == 12  # from perf metrics, not from the mirror
+
+
+def test_the_rest_of_pbkv_does_not_import_the_adapter():
+    import subprocess
+
+    code = (
+        "import sys, pbkv.cli, pbkv.bench.compare, pbkv.bench.trtllm, pbkv.engines.sim.engine, "
+        "pbkv.actors.serve; print('pbkv.engines.trtllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
