@@ -160,6 +160,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "virtual-time engine and print one table (ratios vs lru).",
     )
     _add_workload_options(p)
+    p.add_argument(
+        "--engine",
+        choices=("sim", "trtllm-sim"),
+        default="sim",
+        help="sim: compare --policies on the owned-cache engine; trtllm-sim: TensorRT-LLM's "
+        "default vs pbkv steering it (fake 1.2 block manager) vs pbkv owning the cache",
+    )
     p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
     p.set_defaults(run=_run_bench)
 
@@ -203,22 +210,32 @@ def _title(config, gpu_tokens: int) -> str:
     )
 
 
-def _compare(config, console: Console):  # -> tuple[list[PolicyResult], int]
+def _compare(config, console: Console, engine: str = "sim"):  # -> (list[PolicyResult], int)
     """Run every policy of ``config`` with a progress bar, then print the table."""
     from pbkv.bench.compare import compare_policies
     from pbkv.bench.report import comparison_table
 
     with _progress(console) as progress:
         tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
-        results, gpu_tokens = compare_policies(
-            config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
-        )
+        if engine == "trtllm-sim":
+            from pbkv.bench.trtllm import compare_trtllm, steering_summary
+
+            results, gpu_tokens, runs = compare_trtllm(
+                config, on_outcome=lambda mode, _: progress.advance(tasks[mode])
+            )
+        else:
+            results, gpu_tokens = compare_policies(
+                config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
+            )
     if config.gpu_kv_tokens is not None and gpu_tokens < config.gpu_kv_tokens:
         console.print(
             f"[yellow]note:[/yellow] --gpu-kv-tokens {config.gpu_kv_tokens:,} exceeds the KV "
             f"capacity of {config.hardware} x {config.model}; using {gpu_tokens:,}"
         )
     console.print(comparison_table(results, _title(config, gpu_tokens)))
+    if engine == "trtllm-sim":
+        for line in steering_summary(results, runs):
+            console.print(line)
     return results, gpu_tokens
 
 
@@ -227,7 +244,13 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
 
     _check_writable(args.json_path)
     config = _config_from(args)
-    results, gpu_tokens = _compare(config, console)
+    if args.engine == "trtllm-sim":
+        from pbkv.bench.trtllm import TRTLLM_MODES
+
+        config = dataclasses.replace(config, policies=TRTLLM_MODES)
+        results, gpu_tokens = _compare(config, console, engine="trtllm-sim")
+    else:
+        results, gpu_tokens = _compare(config, console)
     if args.json_path:
         write_json(args.json_path, config, gpu_tokens, results, argv=args.argv)
         console.print(f"wrote {args.json_path}")
