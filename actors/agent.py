@@ -87,7 +87,10 @@ class AgentActor(Actor):
                 result = await self.engine.generate(request)
                 done = InvocationDone(msg.step, result=result)
         except Exception as exc:  # the workflow decides: retry or abort (§10)
-            done = InvocationDone(msg.step, error=f"{type(exc).__name__}: {exc}")
+            retryable = bool(getattr(exc, "retryable", True))
+            done = InvocationDone(
+                msg.step, error=f"{type(exc).__name__}: {exc}", retryable=retryable
+            )
         finally:
             self._in_flight.pop(msg.invocation_id, None)
             if done is None:  # cancelled: by CancelInvocation or because the actor stops

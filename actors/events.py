@@ -104,11 +104,15 @@ class CancelInvocation(msgspec.Struct, frozen=True, tag=True):
 
 
 class InvocationDone(msgspec.Struct, frozen=True, tag=True):
-    """Reply to a workflow session: the invocation's engine result (or its error)."""
+    """Reply to a workflow session: the invocation's engine result (or its error).
+
+    ``retryable`` is false when the same request can never succeed (it does not fit).
+    """
 
     step: int
     result: Any = None
     error: str | None = None
+    retryable: bool = True
 
 
 class ForecastRequest(msgspec.Struct, frozen=True, tag=True):

@@ -208,7 +208,7 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
                 step=step,
             )
         except CallFailed as exc:
-            if attempt == node.max_retries:
+            if attempt == node.max_retries or not exc.retryable:
                 raise
             log.warning("workflow %s: %s failed (%s); retrying", run.state.workflow_id, name, exc)
             step = exc.step
@@ -492,6 +492,8 @@ async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | No
             )
         except CallFailed as exc:
             log.warning("workflow %s step %s failed: %s", session.workflow_id, step.agent, exc)
+            if not exc.retryable:
+                return None
             repeat = exc.step
     return None
 

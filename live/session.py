@@ -57,11 +57,13 @@ class Overloaded(RuntimeError):
 
 
 class CallFailed(EngineError):
-    """The engine failed a call; ``step`` is the step to pass back when retrying it."""
+    """The engine failed a call; ``step`` is the step to pass back when retrying it, and
+    ``retryable`` false when retrying cannot help (the request never fits the GPU tier)."""
 
-    def __init__(self, message: str, step: int) -> None:
+    def __init__(self, message: str, step: int, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.step = step
+        self.retryable = retryable
 
 
 class WorkflowEnded(RuntimeError):
@@ -640,7 +642,11 @@ class ReplyStream:
         session, rt = self.session, self.session.runtime
         rt.calls_in_flight -= 1
         if done.error is not None:
-            raise CallFailed(f"{self.agent} (step {self.step}): {done.error}", self.step)
+            raise CallFailed(
+                f"{self.agent} (step {self.step}): {done.error}",
+                self.step,
+                retryable=done.retryable,
+            )
         result: GenerateResult = done.result
         at = now_s()
         hidden = None if result.hidden is None else result.hidden.tolist()

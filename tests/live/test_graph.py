@@ -240,3 +240,20 @@ async def test_an_agent_actor_that_fails_once_restarts_and_its_calls_are_retried
     assert restarts == 1
     assert sorted(o.reason for o in outcomes) == ["end"] * 4
     assert leases == 0
+
+
+async def test_a_call_that_can_never_fit_ends_its_workflow_without_a_retry(
+    autojump_clock, tmp_path
+):
+    from pbkv.actors.events import AgentInvoked, LifecycleEvent
+    from pbkv.runtime import EventRecorder, read_events
+
+    app = pbkv.App("huge", preamble="p")
+    app.agent("reader", role="Read.", simulate=lambda s: pbkv.Simulated("ok", 8), max_retries=3)
+    app.edge(START, "reader").edge("reader", END)
+    with EventRecorder(tmp_path / "events.jsonl") as recorder:
+        async with pbkv.open_runtime(sim(gpu_kv_tokens=256), recorder=recorder) as rt:
+            outcome = await pbkv.run_workflow(rt, app, pbkv.LiveTask("t", "word " * 600))
+    assert outcome.reason == "error" and "tier holds" in outcome.error
+    events = read_events(tmp_path / "events.jsonl", LifecycleEvent)
+    assert sum(isinstance(e, AgentInvoked) for e in events) == 1  # not retried
