@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
+from pbkv.kvmanager.bounds import AccessLog
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
@@ -54,8 +55,8 @@ class BaselineInputs:
     Args:
         step_graph_edges: the app's static agent step graph (``kvflow``).
         future: workflow id → its steps (prompt block keys, start offset in the
-            workflow), in submission order (``belady``, the offline bound).
-        concurrency: workflows in flight at once (``belady`` places pending ones in time).
+            workflow), in submission order (``belady-est``, an estimate of next uses).
+        concurrency: workflows in flight at once (``belady-est`` places pending ones in time).
     """
 
     step_graph_edges: tuple[tuple[str, str], ...] = ()
@@ -132,7 +133,9 @@ class KVManager:
     Args:
         config: sizes and policy.
         clock: current time in seconds (``pbkv.runtime.clock.now_s`` under actors).
-        baseline: step graph / full workload for the ``kvflow`` and ``belady`` policies.
+        baseline: step graph / full workload for the ``kvflow`` and ``belady-est`` policies.
+        access_log: records every admitted prompt and every commit, in order, for the
+            offline bounds (:mod:`pbkv.kvmanager.bounds`); ``None`` records nothing.
 
     Raises:
         ValueError: unknown policy name, or a baseline policy without its inputs.
@@ -143,8 +146,10 @@ class KVManager:
         config: KVConfig,
         clock: Callable[[], float],
         baseline: BaselineInputs | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         self.config = config
+        self.access_log = access_log
         self.policy: Policy = get_policy(config.policy)
         self.tree = RadixTree(
             block_size=config.block_size,
@@ -177,7 +182,7 @@ class KVManager:
             self.kvflow = KVFlowTracker(graph, self.tree.reprioritize)
         elif self.policy.tracker == "belady":
             if inputs.future is None:
-                raise ValueError("policy 'belady' needs the whole workload in advance (future)")
+                raise ValueError("policy 'belady-est' needs the whole workload in advance (future)")
             self.belady = BeladyTracker(
                 inputs.future,
                 inputs.concurrency,
@@ -251,6 +256,8 @@ class KVManager:
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
+        if self.access_log is not None:
+            self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
         bs = self.config.block_size
         return Admission(
@@ -378,6 +385,9 @@ class KVManager:
         self.tree.unlock(old)
         admission.committed_blocks = len(keys)
         self._touch(match.path, admission.request)
+        if self.access_log is not None:
+            request = admission.request
+            self.access_log.insert(keys, request.namespace, len(request.keys))
 
     def release(self, admission: Admission) -> None:
         """End a request: free its unused reserved blocks and its lease.

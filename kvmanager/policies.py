@@ -44,7 +44,9 @@ def kvflow_priority(node: Node) -> Priority:
 
 
 def belady_priority(node: Node) -> Priority:
-    """Belady: farthest next use (``node.hint``, in seconds) first, LRU as tie-break."""
+    """Belady-est: farthest *estimated* next use (``node.hint``, in seconds) first, LRU as
+    tie-break. An estimate, not a bound: the exact offline MIN is
+    :func:`pbkv.kvmanager.bounds.min_hits`."""
     return (-node.hint, node.last_access_s)
 
 
@@ -60,7 +62,7 @@ class Policy:
             ``aggressive`` (may displace active cache scored below the candidate) or
             ``next-fixed`` (KVFlow: next-step agents' fixed prefixes).
         tracker: the baseline state the policy's key reads (``kvflow``: the app's step
-            graph; ``belady``: the whole workload in advance).
+            graph; ``belady``: the whole workload in advance, for ``belady-est``).
     """
 
     name: str
@@ -79,7 +81,7 @@ POLICIES: dict[str, Policy] = {
         Policy("pbkv", score_priority, uses_forecasts=True, prefetch="conservative"),
         Policy("pbkv-aggressive", score_priority, uses_forecasts=True, prefetch="aggressive"),
         Policy("kvflow", kvflow_priority, prefetch="next-fixed", tracker="kvflow"),
-        Policy("belady", belady_priority, tracker="belady"),
+        Policy("belady-est", belady_priority, tracker="belady"),
     )
 }
 

@@ -214,6 +214,29 @@ class RadixTree:
         gpu = sum(n.num_blocks for n in path if n.on_gpu)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
+    def peek_prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int]:
+        """Return the cached prefix of ``keys`` as (GPU blocks, host-only blocks).
+
+        Like :meth:`match_prefix` but splits nothing: for schedulers ranking queued
+        requests. Does not modify the tree (an unknown namespace matches nothing).
+        """
+        node = self._roots.get(namespace)
+        gpu = host = i = 0
+        while node is not None and i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            common = _common_prefix(child.keys, keys, i)
+            if child.on_gpu:
+                gpu += common
+            else:
+                host += common
+            if common < child.num_blocks:
+                break
+            node = child
+            i += common
+        return gpu, host
+
     # -- leases ----------------------------------------------------------------
 
     def lock(self, node: Node) -> Lease:

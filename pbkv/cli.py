@@ -40,13 +40,19 @@ def _float_list(text: str) -> list[float]:
 
 
 def _policies(text: str) -> tuple[str, ...]:
+    from pbkv.engines.scheduler import SCHEDULERS
     from pbkv.kvmanager import POLICIES
 
     names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n.partition(":")[0] not in POLICIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+        )
+    bad = [n for n in names if n.partition(":")[2] not in ("", *SCHEDULERS)]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown scheduler in {', '.join(bad)}; known: {', '.join(SCHEDULERS)}"
         )
     return names
 
@@ -60,7 +66,15 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         "--policies",
         type=_policies,
         default=d.policies,
-        help="comma-separated policies (also kvflow, belady, pbkv-aggressive)",
+        help="comma-separated policies (also kvflow, belady-est, pbkv-aggressive); "
+        "name:scheduler picks a row's scheduler, e.g. lru:workflow",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=("fcfs", "lpm", "workflow"),
+        default=None,
+        help="admission scheduler for every policy not naming one (default: pbkv and "
+        "pbkv-aggressive run workflow, the others fcfs)",
     )
     p.add_argument(
         "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"
@@ -141,6 +155,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         gamma=args.gamma,
         noise=args.noise,
         checkpoint=args.checkpoint,
+        scheduler=args.scheduler,
     )
 
 
@@ -196,23 +211,23 @@ def _title(config, gpu_tokens: int) -> str:
     )
 
 
-def _compare(config, console: Console):  # -> tuple[list[PolicyResult], int]
-    """Run every policy of ``config`` with a progress bar, then print the table."""
-    from pbkv.bench.compare import compare_policies
-    from pbkv.bench.report import comparison_table
+def _compare(config, console: Console):  # -> BenchRun
+    """Run every policy of ``config`` and the bounds with a progress bar; print the table."""
+    from pbkv.bench.compare import run_bench
+    from pbkv.bench.report import comparison_table, gpu_tier_note
 
     with _progress(console) as progress:
-        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
-        results, gpu_tokens = compare_policies(
-            config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
-        )
-    if config.gpu_kv_tokens is not None and gpu_tokens < config.gpu_kv_tokens:
-        console.print(
-            f"[yellow]note:[/yellow] --gpu-kv-tokens {config.gpu_kv_tokens:,} exceeds the KV "
-            f"capacity of {config.hardware} x {config.model}; using {gpu_tokens:,}"
-        )
-    console.print(comparison_table(results, _title(config, gpu_tokens)))
-    return results, gpu_tokens
+        tasks = {
+            p: progress.add_task(f"{p:>6}", total=config.workflows)
+            for p in (*config.policies, "floor")
+        }
+        run = run_bench(config, on_outcome=lambda policy, _: progress.advance(tasks[policy]))
+    colour = "yellow" if run.gpu_kv_capped else "dim"
+    console.print(f"[{colour}]note:[/{colour}] {gpu_tier_note(run, config)}")
+    console.print(
+        comparison_table(run.results, _title(config, run.gpu_kv_tokens), bounds=run.bounds)
+    )
+    return run
 
 
 def _run_bench(args: argparse.Namespace, console: Console) -> int:
@@ -220,11 +235,11 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
 
     _check_writable(args.json_path)
     config = _config_from(args)
-    results, gpu_tokens = _compare(config, console)
+    run = _compare(config, console)
     if args.json_path:
-        write_json(args.json_path, config, gpu_tokens, results, argv=args.argv)
+        write_json(args.json_path, config, run.gpu_kv_tokens, run.results, argv=args.argv, run=run)
         console.print(f"wrote {args.json_path}")
-    return _exit_status(results, console)
+    return _exit_status(run.results, console)
 
 
 def _exit_status(results, console: Console) -> int:
@@ -308,10 +323,10 @@ def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
 
     _check_writable(args.out)
     config = _config_from(args)
-    results, gpu_tokens = _compare(config, console)
-    plot_hit_timeline(results, args.out, _title(config, gpu_tokens), window=args.window)
+    run = _compare(config, console)
+    plot_hit_timeline(run.results, args.out, _title(config, run.gpu_kv_tokens), window=args.window)
     console.print(f"wrote {args.out}")
-    return _exit_status(results, console)
+    return _exit_status(run.results, console)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

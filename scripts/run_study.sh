@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/data
 mkdir -p "$out"
-all=lru,kvflow,lae,he,pbkv,belady
+all=lru,kvflow,lae,he,pbkv,belady-est
 for app in hover codegen swebench financebench taubench; do
   pbkv bench --app "$app" --policies "$all" --json "$out/bench-$app.json"
 done
@@ -18,5 +18,5 @@ pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 --out-
 pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 --out-dir "$out"
 pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive --values 0,0.1,0.2,0.3,0.5,0.8,1 \
   --out-dir "$out"
-pbkv trace-plot --app hover --policies lru,lae,he,pbkv,belady --out "$out/hit-timeline-hover.png"
+pbkv trace-plot --app hover --policies lru,lae,he,pbkv,belady-est --out "$out/hit-timeline-hover.png"
 python scripts/make_results.py "$out" docs/results.md
