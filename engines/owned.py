@@ -145,6 +145,7 @@ class OwnedCacheEngine(Generic[E]):
             self.max_batch_size - len(self._running),
             on_admit=self._start,
             on_reject=self._fail,
+            running=len(self._running),
         )
 
     def _fail(self, entry: E, error: BaseException) -> None:

@@ -5,9 +5,14 @@ policy. Three schedulers, by name:
 
 - ``fcfs``: arrival order, head-of-line blocking (SGLang's and vLLM's default).
 - ``lpm``: longest cached prefix first (SGLang's ``lpm``), arrival order on ties.
-- ``workflow``: pbkv's: the oldest workflow first (a workflow's age is when its first
-  request reached the engine), with a request whose prompt is mostly cached or loading
-  moved ahead of those that would recompute most of theirs.
+- ``workflow``: pbkv's: the oldest workflow first (a workflow's age is its start
+  ordinal in the KV manager, the order queue-aware eviction keeps), a request whose
+  prompt is mostly cached or loading ahead of those that would recompute most of
+  theirs, and requests of workflows outside the *cohort* (the oldest workflows whose
+  contexts fit in the cache together) held back while the GPU has other work: when
+  every running workflow's context cannot stay cached, running them all makes reuse
+  cyclic (each context is evicted just before its next step), so the cohort keeps its
+  contexts and the rest wait their turn.
 
 ``lpm`` and ``workflow`` try requests past one that does not fit (bypass), but a request
 overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
@@ -23,6 +28,7 @@ from typing import Protocol, TypeVar
 from pbkv.engines.admission import Waiting, admit_fcfs, admit_request
 from pbkv.engines.base import EngineError
 from pbkv.kvmanager import Admission, KVManager
+from pbkv.kvmanager.node import NO_WORKFLOW
 
 E = TypeVar("E", bound=Waiting)
 
@@ -43,12 +49,19 @@ class Scheduler(Protocol):
         *,
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
     ) -> None:
-        """Admit what fits, in the scheduler's order.
+        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU.
 
         Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
         """
         ...
+
+
+def note_waiting(kv: KVManager, waiting: Sequence[Waiting]) -> None:
+    """Tell a queue-aware policy which prefixes the queue will need (§7.0)."""
+    if kv.policy.queue_aware:
+        kv.note_waiting(admit_request(e.request, e.keys) for e in waiting)
 
 
 class FCFSScheduler:
@@ -64,7 +77,9 @@ class FCFSScheduler:
         *,
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
     ) -> None:
+        note_waiting(kv, waiting)
         admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
 
 
@@ -91,6 +106,10 @@ class _RankedScheduler:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
         raise NotImplementedError
 
+    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
+        """Return ids of entries to hold back while the GPU has other work (none here)."""
+        return set()
+
     def admit(
         self,
         kv: KVManager,
@@ -99,18 +118,24 @@ class _RankedScheduler:
         *,
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
     ) -> None:
+        note_waiting(kv, waiting)
         if not waiting or free_slots <= 0:
             return
+        held = self.deferred(kv, waiting)
         live = {id(e) for e in waiting}
         self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
-        arrival = {id(e): i for i, e in enumerate(waiting)}
+        arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
         starving = [e for e in waiting if self._bypassed.get(id(e), 0) >= self.max_bypass]
-        rest = [e for e in self.rank(kv, waiting) if id(e) not in {id(s) for s in starving}]
+        first = {id(e) for e in starving}
+        rest = [e for e in self.rank(kv, waiting) if id(e) not in first]
         admitted: list[E] = []
         for entry in [*starving, *rest]:
             if free_slots <= 0:
                 break
+            if id(entry) in held and (running or admitted):
+                continue  # held back while other work keeps the GPU busy
             try:
                 admission = kv.try_admit(admit_request(entry.request, entry.keys))
             except ValueError as exc:
@@ -137,7 +162,7 @@ class _RankedScheduler:
             mine = arrival.get(id(entry))
             if mine is None:
                 continue
-            later = sum(arrival[id(a)] > mine for a in admitted)
+            later = sum(arrival.get(id(a), -1) > mine for a in admitted)
             if later:
                 self._bypassed[id(entry)] = self._bypassed.get(id(entry), 0) + later
 
@@ -160,7 +185,8 @@ class WorkflowScheduler(_RankedScheduler):
 
     A request's *value* is the share of its prompt cached or loading. Requests are
     ranked by value band (``value_bands`` equal bands, the top band first), then by
-    workflow age (first request seen by the engine), then arrival. ``value_bands=1``
+    workflow age (the KV manager's start ordinal, the ranking queue-aware eviction also
+    reads), then arrival. ``value_bands=1``
     ranks by age alone.
 
     Args:
@@ -173,20 +199,66 @@ class WorkflowScheduler(_RankedScheduler):
 
     name = "workflow"
 
-    def __init__(self, max_bypass: int = DEFAULT_MAX_BYPASS, value_bands: int = 2) -> None:
+    def __init__(
+        self,
+        max_bypass: int = DEFAULT_MAX_BYPASS,
+        value_bands: int = 2,
+        cohort_fill: float | None = 0.5,
+    ) -> None:
         super().__init__(max_bypass)
         if value_bands < 1:
             raise ValueError(f"value_bands must be >= 1, got {value_bands}")
+        if cohort_fill is not None and cohort_fill <= 0:
+            raise ValueError(f"cohort_fill must be > 0 or None, got {cohort_fill}")
         self.value_bands = value_bands
-        self._first_seen: dict[str, int] = {}
+        self.cohort_fill = cohort_fill
+        self._context_tokens: dict[str, int] = {}
+
+    def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
+        """Return the oldest active workflows whose contexts fit in the cache together.
+
+        A workflow's context is estimated by its latest queued prompt; the cohort is
+        the longest run of workflows, oldest first, whose estimates sum to at most
+        ``cohort_fill`` x (GPU + host capacity); never empty.
+        """
+        for entry in waiting:
+            wid = entry.request.workflow_id
+            if wid is not None:
+                self._context_tokens[wid] = len(entry.request.prompt_token_ids)
+        active = sorted(kv.scores.active_workflows, key=kv.scores.ordinal)
+        live = set(active)
+        self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
+        assert self.cohort_fill is not None
+        cfg = kv.config
+        budget = self.cohort_fill * (cfg.gpu_capacity_blocks + cfg.host_capacity_blocks)
+        budget *= cfg.block_size
+        members: set[str] = set()
+        used = 0
+        for wid in active:
+            used += self._context_tokens.get(wid, 0)
+            if members and used > budget:
+                break
+            members.add(wid)
+        return members
+
+    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
+        """Hold back requests of workflows outside the cohort (see :meth:`cohort`)."""
+        if self.cohort_fill is None:
+            return set()
+        members = self.cohort(kv, waiting)
+        return {
+            id(e)
+            for e in waiting
+            if e.request.workflow_id is not None and e.request.workflow_id not in members
+        }
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         bs = kv.config.block_size
 
         def key(entry: E) -> tuple[int, int]:
             request = entry.request
-            wid = request.workflow_id or f"\0{request.request_id}"
-            age = self._first_seen.setdefault(wid, len(self._first_seen))
+            wid = request.workflow_id
+            age = NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)  # as eviction ranks
             gpu, host = kv.tree.peek_prefix(entry.keys, request.namespace)
             share = (gpu + host) * bs / max(1, len(request.prompt_token_ids))
             band = min(self.value_bands - 1, int(share * self.value_bands))

@@ -8,7 +8,7 @@ forecasts. Plain synchronous code: no trio, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +162,7 @@ class KVManager:
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
         self._counters = _Counters()
+        self._queued: dict[Node, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -351,6 +352,37 @@ class KVManager:
             fixed.append(node)
             start += node.num_blocks
         return fixed
+
+    def note_waiting(self, waiting: Iterable[AdmitRequest]) -> int:
+        """Protect the cached prefixes of queued requests (queue-aware eviction, §7.0).
+
+        Each node on a queued request's cached prefix gets ``queued`` = the number of
+        such requests; a queue-aware policy adds it to the node's score (a queued
+        request is a certain next use). Other policies ignore the call.
+
+        Returns:
+            Nodes whose count changed.
+
+        Mutates: ``queued`` counts and eviction order of those nodes.
+        """
+        if not self.policy.queue_aware:
+            return 0
+        counts: dict[Node, int] = {}
+        for request in waiting:
+            for node in self.tree.peek_path(request.keys, request.namespace):
+                counts[node] = counts.get(node, 0) + 1
+        changed = 0
+        for node in self._queued.keys() - counts.keys():
+            node.queued = 0
+            self.tree.reprioritize(node)
+            changed += 1
+        for node, n in counts.items():
+            if node.queued != n:
+                node.queued = n
+                self.tree.reprioritize(node)
+                changed += 1
+        self._queued = counts
+        return changed
 
     # -- commit and release ----------------------------------------------------------
 

@@ -214,6 +214,26 @@ class RadixTree:
         gpu = sum(n.num_blocks for n in path if n.on_gpu)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
+    def peek_path(self, keys: list[int], namespace: str = "") -> list[Node]:
+        """Return the nodes holding the cached prefix of ``keys`` (the last may hold more).
+
+        Does not modify the tree.
+        """
+        node = self._roots.get(namespace)
+        path: list[Node] = []
+        i = 0
+        while node is not None and i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            path.append(child)
+            common = _common_prefix(child.keys, keys, i)
+            if common < child.num_blocks:
+                break
+            node = child
+            i += common
+        return path
+
     def peek_prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int]:
         """Return the cached prefix of ``keys`` as (GPU blocks, host-only blocks).
 
@@ -389,6 +409,8 @@ class RadixTree:
         top.prefetched = node.prefetched
         top.fixed_agents = set(node.fixed_agents)
         top.hint = node.hint
+        top.queued = node.queued
+        top.oldest = node.oldest
         parent.children[top.keys[0]] = top
         top.children[node.keys[0]] = node
         node.parent = top

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from pbkv.kvmanager.node import Node
+from pbkv.kvmanager.node import NO_WORKFLOW, Node
 
 
 def agent_weights(
@@ -65,7 +65,12 @@ class ScoreBoard:
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
         self._ended: set[str] = set()
+        self._ordinal: dict[str, int] = {}
         self.refreshed_nodes = 0
+
+    def ordinal(self, workflow_id: str) -> int:
+        """Return ``workflow_id``'s start ordinal (0 for the first workflow seen): its age."""
+        return self._ordinal.setdefault(workflow_id, len(self._ordinal))
 
     @property
     def active_workflows(self) -> list[str]:
@@ -77,6 +82,7 @@ class ScoreBoard:
     def start(self, workflow_id: str) -> None:
         """Register an active workflow (no forecast yet: its weights are zero)."""
         self._ended.discard(workflow_id)
+        self.ordinal(workflow_id)
         self._nodes.setdefault(workflow_id, set())
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
@@ -93,12 +99,14 @@ class ScoreBoard:
         self.start(workflow_id)
         weight = self._weights[workflow_id].get(agent, 0.0)
         mine = self._nodes[workflow_id]
+        age = self._ordinal[workflow_id]
         for node in nodes:
             agents = node.accessors.setdefault(workflow_id, set())
             if agent in agents:
                 continue
             agents.add(agent)
             node.score += weight
+            node.oldest = min(node.oldest, age)
             node.retired = False
             mine.add(node)
             self._reprioritize(node)
@@ -136,6 +144,7 @@ class ScoreBoard:
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
             node.score -= sum(weights.get(a, 0.0) for a in agents)
+            node.oldest = min((self._ordinal[w] for w in node.accessors), default=NO_WORKFLOW)
             if not node.accessors:
                 node.retired = True
                 node.score = 0.0
