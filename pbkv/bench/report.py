@@ -176,6 +176,7 @@ def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
         "policy",
         "GPU hit%",
         "host hit%",
+        "total hit%",
         "mean lat s",
         "mean TTFT s",
         "speedup",
@@ -188,15 +189,23 @@ def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
         for i, r in enumerate(p.results):
             table.add_row(
                 f"{p.value:g}" if i == 0 else "",
-                r.policy,
+                f"{r.policy}:{r.scheduler}",
                 f"{100 * r.gpu_hit_rate:.1f}",
                 f"{100 * r.host_hit_rate:.1f}",
+                f"{100 * r.total_hit_rate:.1f}",
                 f"{r.mean_latency_s:.2f}",
                 f"{r.mean_ttft_s:.3f}",
                 f"{ratio(base.mean_latency_s, r.mean_latency_s):.3f}x",
                 f"{ratio(r.gpu_hit_rate, base.gpu_hit_rate):.3f}x",
                 f"{100 * p.hit_rate_spread:.1f}" if i == 0 else "",
             )
+        b = p.bounds
+        if b is not None:
+            table.add_row(
+                "", "MIN / ceiling", f"{100 * b.min_hit_rate:.1f}", "",
+                f"{100 * b.ceiling_hit_rate:.1f}", f"{b.floor_latency_s:.2f} floor", "",
+                f"{ratio(base.mean_latency_s, b.floor_latency_s):.3f}x", "", "",
+            )  # fmt: skip
         table.add_section()
     return table
 
@@ -218,6 +227,7 @@ def write_sweep_json(
                 "value": p.value,
                 "gpu_kv_tokens": p.gpu_kv_tokens,
                 "hit_rate_spread": p.hit_rate_spread,
+                "bounds": p.bounds,
                 "results": [result_record(r, timeline=False) for r in p.results],
             }
             for p in points
