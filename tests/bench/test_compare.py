@@ -174,3 +174,22 @@ def test_bounds_bound_every_policy_on_its_own_access_order():
     lru = run.results[0]
     assert lru.gpu_hit_rate < b.min_hit_rate <= b.ceiling_hit_rate  # contested; MIN is above
     assert run.results[0].kv.evicted_active_blocks > 0
+
+
+def test_policy_specs_name_their_scheduler_or_take_the_default():
+    import argparse
+
+    from pbkv.bench.compare import resolve_spec
+    from pbkv.cli import _policies
+
+    assert resolve_spec("lru") == ("lru", "fcfs")
+    assert resolve_spec("pbkv") == ("pbkv", "workflow")
+    assert resolve_spec("pbkv", "lpm") == ("pbkv", "lpm")
+    assert resolve_spec("lru:workflow", "fcfs") == ("lru", "workflow")  # the spec wins
+    with pytest.raises(ValueError, match="known: fcfs, lpm, workflow"):
+        resolve_spec("lru:sjf")
+    with pytest.raises(ValueError, match="unknown policy 'belady'"):
+        resolve_spec("belady")  # renamed: it is an estimate, not a bound
+    assert _policies("lru,lru:workflow") == ("lru", "lru:workflow")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown scheduler in lru:sjf"):
+        _policies("lru:sjf")
