@@ -732,6 +732,8 @@ def _check_node(n: Node, expected_lock: int, loads: dict[int, LoadTransfer]) -> 
 
 def _common_prefix(span: list[int], keys: list[int], start: int) -> int:
     limit = min(len(span), len(keys) - start)
+    if span[:limit] == keys[start : start + limit]:  # the common case, compared in C
+        return limit
     i = 0
     while i < limit and span[i] == keys[start + i]:
         i += 1
