@@ -86,6 +86,10 @@ class FCFSScheduler:
 class _RankedScheduler:
     """Admit in :meth:`rank` order with bounded bypass.
 
+    Entries :meth:`deferred` names are admitted only when nothing runs and nothing else
+    was admitted in the same call (work-conserving), and are not charged bypasses while
+    deferred.
+
     Args:
         max_bypass: times a request may be overtaken by a later arrival before it goes
             first and blocks the queue behind it until it fits, >= 0.
