@@ -1,5 +1,6 @@
-"""The shell shared by owned-cache engines (``sim``, ``torch``): a request queue, FCFS
-admission through the KV manager, and the wait for each request's result (§7)."""
+"""The shell shared by owned-cache engines (``sim``, ``torch``): a request queue,
+admission through the KV manager in a scheduler's order (§7.0), and the wait for each
+request's result (§7)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Generic, TypeVar
 
 import trio
 
-from pbkv.engines.admission import admit_fcfs
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
+from pbkv.engines.scheduler import Scheduler, get_scheduler
 from pbkv.kvmanager import Admission, KVManager, block_keys
 from pbkv.runtime.clock import now_s
 
@@ -50,7 +51,7 @@ E = TypeVar("E", bound=Queued)
 
 
 class OwnedCacheEngine(Generic[E]):
-    """Queue requests, admit them in order, and hand each caller its result.
+    """Queue requests, admit them in the scheduler's order, and hand each caller its result.
 
     Subclasses implement one scheduler step (:meth:`_step`), name their per-request
     state (``entry_type``, a :class:`Queued`) and take an admitted request in
@@ -59,14 +60,22 @@ class OwnedCacheEngine(Generic[E]):
     Args:
         kv: the KV manager whose radix tree is the engine's allocator.
         max_batch_size: most requests running at once.
+        scheduler: admission order, a name from
+            :data:`pbkv.engines.scheduler.SCHEDULERS` or a :class:`Scheduler`.
+
+    Raises:
+        ValueError: unknown scheduler name.
     """
 
     owns_cache = True
     entry_type: type[E]
 
-    def __init__(self, kv: KVManager, max_batch_size: int) -> None:
+    def __init__(
+        self, kv: KVManager, max_batch_size: int, scheduler: str | Scheduler = "fcfs"
+    ) -> None:
         self.kv = kv
         self.max_batch_size = max_batch_size
+        self.scheduler = get_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
         self.has_host_tier = kv.config.host_capacity_blocks > 0
         self._waiting: deque[E] = deque()
         self._running: list[E] = []
@@ -188,12 +197,13 @@ class OwnedCacheEngine(Generic[E]):
             raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1")
 
     def _admit(self) -> None:
-        admit_fcfs(
+        self.scheduler.admit(
             self.kv,
             self._waiting,
             self.max_batch_size - len(self._running),
             on_admit=self._start,
             on_reject=self._fail,
+            running=len(self._running),
         )
 
     def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> None:

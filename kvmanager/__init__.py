@@ -6,6 +6,7 @@ the KV-manager actor.
 
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.blocks import BlockPool
+from pbkv.kvmanager.bounds import AccessLog, ceiling_hits, min_hits
 from pbkv.kvmanager.eviction import EvictionIndex
 from pbkv.kvmanager.keys import block_keys
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
@@ -19,6 +20,7 @@ from pbkv.kvmanager.stats import KVStatistics
 
 __all__ = [
     "POLICIES",
+    "AccessLog",
     "Admission",
     "AdmitRequest",
     "BaselineInputs",
@@ -41,6 +43,8 @@ __all__ = [
     "ScoreBoard",
     "agent_weights",
     "block_keys",
+    "ceiling_hits",
     "get_policy",
+    "min_hits",
     "validate_forecast",
 ]

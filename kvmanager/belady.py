@@ -1,6 +1,8 @@
-"""Belady's farthest-next-use order, from the whole workload known in advance (§5.2).
+"""Belady's farthest-next-use order, estimated from the whole workload known in advance (§5.2).
 
-The offline bound: evict the entry whose next use lies farthest in the future. With
+The ``belady-est`` policy: evict the entry whose next use is *estimated* to lie farthest
+in the future. It is an estimate, not a bound (demand policies can beat it); the exact
+offline MIN over a run's recorded access order is :mod:`pbkv.kvmanager.bounds`. With
 many workflows in flight, "future" is estimated in seconds: each workflow step carries
 its start offset from the workflow's start (tool gaps plus the modelled time of the
 steps before it), so a node's next use is the nearest upcoming invocation, of a running

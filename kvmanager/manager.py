@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
+from pbkv.kvmanager.bounds import AccessLog
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
@@ -57,8 +58,8 @@ class BaselineInputs:
     Args:
         step_graph_edges: the app's static agent step graph (``kvflow``).
         future: workflow id → its steps (prompt block keys, start offset in the
-            workflow), in submission order (``belady``, the offline bound).
-        concurrency: workflows in flight at once (``belady`` places pending ones in time).
+            workflow), in submission order (``belady-est``, an estimate of next uses).
+        concurrency: workflows in flight at once (``belady-est`` places pending ones in time).
     """
 
     step_graph_edges: tuple[tuple[str, str], ...] = ()
@@ -136,7 +137,9 @@ class KVManager:
     Args:
         config: sizes and policy.
         clock: current time in seconds (``pbkv.runtime.clock.now_s`` under actors).
-        baseline: step graph / full workload for the ``kvflow`` and ``belady`` policies.
+        baseline: step graph / full workload for the ``kvflow`` and ``belady-est`` policies.
+        access_log: records every admitted prompt and every commit, in order, for the
+            offline bounds (:mod:`pbkv.kvmanager.bounds`); ``None`` records nothing.
 
     Raises:
         ValueError: unknown policy name, or a baseline policy without its inputs.
@@ -147,8 +150,10 @@ class KVManager:
         config: KVConfig,
         clock: Callable[[], float],
         baseline: BaselineInputs | None = None,
+        access_log: AccessLog | None = None,
     ) -> None:
         self.config = config
+        self.access_log = access_log
         self.policy: Policy = get_policy(config.policy)
         self.tree = RadixTree(
             block_size=config.block_size,
@@ -161,6 +166,7 @@ class KVManager:
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
         self._counters = _Counters()
+        self._queued: dict[Node, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -181,7 +187,7 @@ class KVManager:
             self.kvflow = KVFlowTracker(graph, self.tree.reprioritize)
         elif self.policy.tracker == "belady":
             if inputs.future is None:
-                raise ValueError("policy 'belady' needs the whole workload in advance (future)")
+                raise ValueError("policy 'belady-est' needs the whole workload in advance (future)")
             self.belady = BeladyTracker(
                 inputs.future,
                 inputs.concurrency,
@@ -255,6 +261,8 @@ class KVManager:
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
+        if self.access_log is not None:
+            self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
         bs = self.config.block_size
         return Admission(
@@ -349,6 +357,37 @@ class KVManager:
             start += node.num_blocks
         return fixed
 
+    def note_waiting(self, waiting: Iterable[AdmitRequest]) -> int:
+        """Protect the cached prefixes of queued requests (queue-aware eviction, §7.0).
+
+        Each node on a queued request's cached prefix gets ``queued`` = the number of
+        such requests; a queue-aware policy adds it to the node's score (a queued
+        request is a certain next use). Other policies ignore the call.
+
+        Returns:
+            Nodes whose count changed.
+
+        Mutates: ``queued`` counts and eviction order of those nodes.
+        """
+        if not self.policy.queue_aware:
+            return 0
+        counts: dict[Node, int] = {}
+        for request in waiting:
+            for node in self.tree.peek_path(request.keys, request.namespace):
+                counts[node] = counts.get(node, 0) + 1
+        changed = 0
+        for node in self._queued.keys() - counts.keys():
+            node.queued = 0
+            self.tree.reprioritize(node)
+            changed += 1
+        for node, n in counts.items():
+            if node.queued != n:
+                node.queued = n
+                self.tree.reprioritize(node)
+                changed += 1
+        self._queued = counts
+        return changed
+
     # -- commit and release ----------------------------------------------------------
 
     def commit(self, admission: Admission, keys: list[int]) -> None:
@@ -382,6 +421,9 @@ class KVManager:
         self.tree.unlock(old)
         admission.committed_blocks = len(keys)
         self._touch(match.path, admission.request)
+        if self.access_log is not None:
+            request = admission.request
+            self.access_log.insert(keys, request.namespace, len(request.keys))
 
     def release(self, admission: Admission) -> None:
         """End a request: free its unused reserved blocks and its lease.

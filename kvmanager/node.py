@@ -6,6 +6,9 @@ from typing import Literal
 
 Tier = Literal["gpu", "host"]
 
+NO_WORKFLOW = 1 << 62
+"""``Node.oldest`` of a node no active workflow touched."""
+
 
 class Node:
     """A span of full blocks shared by every prompt that passes through it.
@@ -29,6 +32,10 @@ class Node:
             (KVFlow's fixed-prefix cache; empty for dynamic suffixes).
         hint: a baseline policy's per-node key (KVFlow: steps-to-execution; Belady:
             seconds to next use), kept current by that policy's tracker.
+        queued: queued requests whose cached prefix runs through this node (kept by
+            :meth:`~pbkv.kvmanager.KVManager.note_waiting`).
+        oldest: start ordinal of the oldest active workflow that touched this node
+            (:data:`NO_WORKFLOW` when none), kept by the score board.
     """
 
     __slots__ = (
@@ -47,6 +54,8 @@ class Node:
         "prefetched",
         "fixed_agents",
         "hint",
+        "queued",
+        "oldest",
         "gpu_children",
         "host_children",
         "serial",
@@ -68,6 +77,8 @@ class Node:
         self.prefetched = False
         self.fixed_agents: set[str] = set()
         self.hint = 0.0
+        self.queued = 0
+        self.oldest = NO_WORKFLOW
         self.gpu_children = 0  # children with a copy in that tier (kept by the tree)
         self.host_children = 0
         self.serial = serial

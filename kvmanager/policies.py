@@ -36,6 +36,19 @@ def score_priority(node: Node) -> Priority:
     return (not node.retired, round(node.score, _SCORE_DIGITS), node.last_access_s)
 
 
+def workflow_priority(node: Node) -> Priority:
+    """PBKV with the queue: retired first, then ascending ``Score(c)`` plus one per queued
+    request whose cached prefix runs through the node (a certain next use), then the
+    youngest workflow's cache first, LRU last.
+
+    Ranking equal scores by workflow age (the order the ``workflow`` scheduler admits
+    in) keeps the oldest workflows' contexts resident instead of cycling every context
+    out just before its reuse, as LRU does when the running set's contexts do not fit.
+    """
+    value = round(node.score + node.queued, _SCORE_DIGITS)
+    return (not node.retired, value, -node.oldest, node.last_access_s)
+
+
 def kvflow_priority(node: Node) -> Priority:
     """KVFlow: dynamic suffixes first (LRU), then fixed prefixes by descending
     steps-to-execution (``node.hint``), LRU last."""
@@ -44,7 +57,9 @@ def kvflow_priority(node: Node) -> Priority:
 
 
 def belady_priority(node: Node) -> Priority:
-    """Belady: farthest next use (``node.hint``, in seconds) first, LRU as tie-break."""
+    """Belady-est: farthest *estimated* next use (``node.hint``, in seconds) first, LRU as
+    tie-break. An estimate, not a bound: the exact offline MIN is
+    :func:`pbkv.kvmanager.bounds.min_hits`."""
     return (-node.hint, node.last_access_s)
 
 
@@ -60,7 +75,9 @@ class Policy:
             ``aggressive`` (may displace active cache scored below the candidate) or
             ``next-fixed`` (KVFlow: next-step agents' fixed prefixes).
         tracker: the baseline state the policy's key reads (``kvflow``: the app's step
-            graph; ``belady``: the whole workload in advance).
+            graph; ``belady``: the whole workload in advance, for ``belady-est``).
+        queue_aware: the key reads ``node.queued`` (queued requests' prefixes), so the
+            engine reports its queue (:meth:`KVManager.note_waiting`).
     """
 
     name: str
@@ -68,6 +85,7 @@ class Policy:
     uses_forecasts: bool = False
     prefetch: PrefetchMode = "none"
     tracker: Tracker = "none"
+    queue_aware: bool = False
 
 
 POLICIES: dict[str, Policy] = {
@@ -76,10 +94,22 @@ POLICIES: dict[str, Policy] = {
         Policy("lru", lru_priority),
         Policy("lae", lae_priority),
         Policy("he", score_priority, uses_forecasts=True),
-        Policy("pbkv", score_priority, uses_forecasts=True, prefetch="conservative"),
-        Policy("pbkv-aggressive", score_priority, uses_forecasts=True, prefetch="aggressive"),
+        Policy(
+            "pbkv",
+            workflow_priority,
+            uses_forecasts=True,
+            prefetch="conservative",
+            queue_aware=True,
+        ),
+        Policy(
+            "pbkv-aggressive",
+            workflow_priority,
+            uses_forecasts=True,
+            prefetch="aggressive",
+            queue_aware=True,
+        ),
         Policy("kvflow", kvflow_priority, prefetch="next-fixed", tracker="kvflow"),
-        Policy("belady", belady_priority, tracker="belady"),
+        Policy("belady-est", belady_priority, tracker="belady"),
     )
 }
 

@@ -218,6 +218,49 @@ class RadixTree:
         gpu = sum(n.num_blocks for n in path if n.on_gpu)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
+    def peek_path(self, keys: list[int], namespace: str = "") -> list[Node]:
+        """Return the nodes holding the cached prefix of ``keys`` (the last may hold more).
+
+        Does not modify the tree.
+        """
+        node = self._roots.get(namespace)
+        path: list[Node] = []
+        i = 0
+        while node is not None and i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            path.append(child)
+            common = _common_prefix(child.keys, keys, i)
+            if common < child.num_blocks:
+                break
+            node = child
+            i += common
+        return path
+
+    def peek_prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int]:
+        """Return the cached prefix of ``keys`` as (GPU blocks, host-only blocks).
+
+        Like :meth:`match_prefix` but splits nothing: for schedulers ranking queued
+        requests. Does not modify the tree (an unknown namespace matches nothing).
+        """
+        node = self._roots.get(namespace)
+        gpu = host = i = 0
+        while node is not None and i < len(keys):
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            common = _common_prefix(child.keys, keys, i)
+            if child.on_gpu:
+                gpu += common
+            else:
+                host += common
+            if common < child.num_blocks:
+                break
+            node = child
+            i += common
+        return gpu, host
+
     # -- leases ----------------------------------------------------------------
 
     def lock(self, node: Node) -> Lease:
@@ -370,6 +413,8 @@ class RadixTree:
         top.prefetched = node.prefetched
         top.fixed_agents = set(node.fixed_agents)
         top.hint = node.hint
+        top.queued = node.queued
+        top.oldest = node.oldest
         parent.children[top.keys[0]] = top
         top.children[node.keys[0]] = node
         node.parent = top
@@ -691,6 +736,8 @@ def _check_node(n: Node, expected_lock: int, loads: dict[int, LoadTransfer]) -> 
 
 def _common_prefix(span: list[int], keys: list[int], start: int) -> int:
     limit = min(len(span), len(keys) - start)
+    if span[:limit] == keys[start : start + limit]:  # the common case, compared in C
+        return limit
     i = 0
     while i < limit and span[i] == keys[start + i]:
         i += 1

@@ -14,12 +14,13 @@ So a forecast for ``w`` changes only the nodes ``w`` touched, each by
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from pbkv.kvmanager.node import Node
+from pbkv.kvmanager.node import NO_WORKFLOW, Node
 
 ROW_SUM_TOLERANCE = 1e-4
 """How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
@@ -110,7 +111,19 @@ class ScoreBoard:
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
+        self._ordinal: dict[str, int] = {}  # active workflows only: bounded like _nodes
+        self._ordinals = itertools.count()
         self.refreshed_nodes = 0
+
+    def ordinal(self, workflow_id: str) -> int:
+        """Return ``workflow_id``'s start ordinal (0 for the first workflow seen): its age.
+
+        Ordinals only grow; a terminated workflow's is forgotten (a late caller gets a
+        new, younger one)."""
+        ordinal = self._ordinal.get(workflow_id)
+        if ordinal is None:
+            ordinal = self._ordinal[workflow_id] = next(self._ordinals)
+        return ordinal
 
     @property
     def active_workflows(self) -> list[str]:
@@ -127,6 +140,7 @@ class ScoreBoard:
     def start(self, workflow_id: str) -> None:
         """Register an active workflow (no forecast yet: its weights are zero)."""
         self._ended.pop(workflow_id, None)
+        self.ordinal(workflow_id)
         self._nodes.setdefault(workflow_id, set())
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
@@ -146,12 +160,14 @@ class ScoreBoard:
         self.start(workflow_id)
         weight = self._weights[workflow_id].get(agent, 0.0)
         mine = self._nodes[workflow_id]
+        age = self._ordinal[workflow_id]
         for node in nodes:
             agents = node.accessors.setdefault(workflow_id, set())
             if agent in agents:
                 continue
             agents.add(agent)
             node.score += weight
+            node.oldest = min(node.oldest, age)
             node.retired = False
             mine.add(node)
             self._reprioritize(node)
@@ -202,9 +218,11 @@ class ScoreBoard:
             self._ended.popitem(last=False)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
+        self._ordinal.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
             node.score -= sum(weights.get(a, 0.0) for a in agents)
+            node.oldest = min((self._ordinal[w] for w in node.accessors), default=NO_WORKFLOW)
             if not node.accessors:
                 node.retired = True
                 node.score = 0.0

@@ -36,5 +36,11 @@ class KVStatistics(msgspec.Struct, frozen=True):
         return self.cached_gpu_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
+    def total_hit_rate(self) -> float:
+        """Prompt tokens served from either tier over prompt tokens."""
+        cached = self.cached_gpu_tokens + self.cached_host_tokens
+        return cached / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
     def host_hit_rate(self) -> float:
         return self.cached_host_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -41,13 +41,19 @@ def _float_list(text: str) -> list[float]:
 
 
 def _policies(text: str) -> tuple[str, ...]:
+    from pbkv.engines.scheduler import SCHEDULERS
     from pbkv.kvmanager import POLICIES
 
     names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n.partition(":")[0] not in POLICIES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+        )
+    bad = [n for n in names if n.partition(":")[2] not in ("", *SCHEDULERS)]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"unknown scheduler in {', '.join(bad)}; known: {', '.join(SCHEDULERS)}"
         )
     return names
 
@@ -61,7 +67,15 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         "--policies",
         type=_policies,
         default=d.policies,
-        help="comma-separated policies (also kvflow, belady, pbkv-aggressive)",
+        help="comma-separated policies (also kvflow, belady-est, pbkv-aggressive); "
+        "name:scheduler picks a row's scheduler, e.g. lru:workflow",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=("fcfs", "lpm", "workflow"),
+        default=None,
+        help="admission scheduler for every policy not naming one (default: pbkv and "
+        "pbkv-aggressive run workflow, the others fcfs)",
     )
     p.add_argument(
         "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"
@@ -148,6 +162,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         noise=args.noise,
         checkpoint=args.checkpoint,
         check_integrity=args.check_integrity,
+        scheduler=args.scheduler,
     )
 
 
@@ -210,33 +225,38 @@ def _title(config, gpu_tokens: int) -> str:
     )
 
 
-def _compare(config, console: Console, engine: str = "sim"):  # -> (list[PolicyResult], int)
-    """Run every policy of ``config`` with a progress bar, then print the table."""
-    from pbkv.bench.compare import compare_policies
-    from pbkv.bench.report import comparison_table
+def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
+    """Run every policy of ``config`` (and the bounds, on the sim) with a progress bar;
+    print the table."""
+    from pbkv.bench.compare import BenchRun, run_bench
+    from pbkv.bench.report import comparison_table, gpu_tier_note
 
+    labels = (*config.policies, "floor") if engine == "sim" else config.policies
     with _progress(console) as progress:
-        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in config.policies}
+        tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in labels}
         if engine == "trtllm-sim":
             from pbkv.bench.trtllm import compare_trtllm, steering_summary
 
             results, gpu_tokens, runs = compare_trtllm(
                 config, on_outcome=lambda mode, _: progress.advance(tasks[mode])
             )
+            from pbkv.engines.sim.costmodel import CostModel
+            from pbkv.engines.sim.profile import load_hardware, load_model
+
+            cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+            wanted = config.gpu_kv_tokens or gpu_tokens
+            run = BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, None)
         else:
-            results, gpu_tokens = compare_policies(
-                config, on_outcome=lambda policy, _: progress.advance(tasks[policy])
-            )
-    if config.gpu_kv_tokens is not None and gpu_tokens < config.gpu_kv_tokens:
-        console.print(
-            f"[yellow]note:[/yellow] --gpu-kv-tokens {config.gpu_kv_tokens:,} exceeds the KV "
-            f"capacity of {config.hardware} x {config.model}; using {gpu_tokens:,}"
-        )
-    console.print(comparison_table(results, _title(config, gpu_tokens)))
+            run = run_bench(config, on_outcome=lambda policy, _: progress.advance(tasks[policy]))
+    colour = "yellow" if run.gpu_kv_capped else "dim"
+    console.print(f"[{colour}]note:[/{colour}] {gpu_tier_note(run, config)}")
+    console.print(
+        comparison_table(run.results, _title(config, run.gpu_kv_tokens), bounds=run.bounds)
+    )
     if engine == "trtllm-sim":
-        for line in steering_summary(results, runs):
+        for line in steering_summary(run.results, runs):
             console.print(line)
-    return results, gpu_tokens
+    return run
 
 
 def _run_bench(args: argparse.Namespace, console: Console) -> int:
@@ -248,13 +268,13 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
         from pbkv.bench.trtllm import TRTLLM_MODES
 
         config = dataclasses.replace(config, policies=TRTLLM_MODES)
-        results, gpu_tokens = _compare(config, console, engine="trtllm-sim")
+        run = _compare(config, console, engine="trtllm-sim")
     else:
-        results, gpu_tokens = _compare(config, console)
+        run = _compare(config, console)
     if args.json_path:
-        write_json(args.json_path, config, gpu_tokens, results, argv=args.argv)
+        write_json(args.json_path, config, run.gpu_kv_tokens, run.results, argv=args.argv, run=run)
         console.print(f"wrote {args.json_path}")
-    return _exit_status(results, console)
+    return _exit_status(run.results, console)
 
 
 def _exit_status(results, console: Console) -> int:
@@ -338,10 +358,10 @@ def _run_trace_plot(args: argparse.Namespace, console: Console) -> int:
 
     _check_writable(args.out)
     config = _config_from(args)
-    results, gpu_tokens = _compare(config, console)
-    plot_hit_timeline(results, args.out, _title(config, gpu_tokens), window=args.window)
+    run = _compare(config, console)
+    plot_hit_timeline(run.results, args.out, _title(config, run.gpu_kv_tokens), window=args.window)
     console.print(f"wrote {args.out}")
-    return _exit_status(results, console)
+    return _exit_status(run.results, console)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:

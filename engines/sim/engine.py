@@ -16,6 +16,7 @@ import trio
 
 from pbkv.engines.base import GenerateRequest, GenerateResult
 from pbkv.engines.owned import OwnedCacheEngine, Queued
+from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.kvmanager import Admission, KVManager, LoadTransfer, block_keys
 from pbkv.runtime.clock import now_s
@@ -64,15 +65,23 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         kv: the KV manager whose tree is the allocator.
         cost: hardware × model cost model.
         config: scheduler limits.
+        scheduler: admission order (see :class:`~pbkv.engines.owned.OwnedCacheEngine`).
     """
 
     entry_type = _Entry
     has_hidden_state = False
     samples_tokens = False  # emits each request's scripted output (replies are simulated)
 
-    def __init__(self, kv: KVManager, cost: CostModel, config: SimConfig | None = None) -> None:
+    def __init__(
+        self,
+        kv: KVManager,
+        cost: CostModel,
+        config: SimConfig | None = None,
+        *,
+        scheduler: str | Scheduler = "fcfs",
+    ) -> None:
         self.config = config or SimConfig()
-        super().__init__(kv, self.config.max_batch_size)
+        super().__init__(kv, self.config.max_batch_size, scheduler)
         self.cost = cost
         self._pending_loads: dict[LoadTransfer, float] = {}
         self._link_free_s = 0.0

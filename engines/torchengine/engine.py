@@ -37,6 +37,7 @@ import trio
 
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
 from pbkv.engines.owned import OwnedCacheEngine, Queued
+from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
 from pbkv.kvmanager import (
@@ -195,9 +196,11 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         model: a transformers ``*ForCausalLM`` (e.g. from :func:`load_model`), in eval
             mode; its device and dtype are the pools'.
         config: scheduler limits.
+        scheduler: admission order (see :class:`~pbkv.engines.owned.OwnedCacheEngine`).
 
     Raises:
-        ValueError: ``kv.config.bytes_per_block`` is set and is not the model's.
+        ValueError: ``kv.config.bytes_per_block`` is set and is not the model's, or an
+            unknown scheduler name.
     """
 
     entry_type = _Entry
@@ -205,7 +208,12 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
     samples_tokens = True
 
     def __init__(
-        self, kv: KVManager, model: PreTrainedModel, config: TorchEngineConfig | None = None
+        self,
+        kv: KVManager,
+        model: PreTrainedModel,
+        config: TorchEngineConfig | None = None,
+        *,
+        scheduler: str | Scheduler = "fcfs",
     ) -> None:
         weight = next(model.parameters())
         self.layout = KVLayout.of(model.config, kv.config.block_size, weight.dtype)
@@ -216,7 +224,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 f"{self.layout.bytes_per_block} (use make_kv_config)"
             )
         self.config = config or TorchEngineConfig()
-        super().__init__(kv, self.config.max_batch_size)
+        super().__init__(kv, self.config.max_batch_size, scheduler)
         self.model = model
         self.device = weight.device
         self.pools = PagedKVPools(

@@ -7,6 +7,7 @@ scheduler seeded, so the same seed gives the same figures.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -23,13 +24,16 @@ from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.profile import load_hardware, load_model
 from pbkv.kvmanager import (
+    AccessLog,
     BaselineInputs,
     FutureStep,
     KVConfig,
     KVManager,
     KVStatistics,
     block_keys,
+    ceiling_hits,
     get_policy,
+    min_hits,
 )
 from pbkv.predictor import CallGraph, NoiseForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
@@ -43,7 +47,8 @@ class BenchConfig:
 
     Args:
         app: app registry name.
-        policies: policy names, compared on the same workload.
+        policies: policy specs (``name`` or ``name:scheduler``), compared on the same
+            workload.
         workflows: workflows in the workload.
         concurrency: workflows in flight at once (closed loop).
         gpu_kv_tokens: GPU KV capacity in tokens; ``None`` = half the workload's
@@ -62,6 +67,8 @@ class BenchConfig:
             when a policy uses forecasts).
         check_integrity: assert the KV manager's invariants after every engine step
             (slow; for debugging a policy).
+        scheduler: admission scheduler for every policy spec that names none (``None``:
+            each policy's default, :data:`DEFAULT_SCHEDULERS`).
     """
 
     app: str = "codegen"
@@ -81,6 +88,7 @@ class BenchConfig:
     noise: float = 0.0
     checkpoint: str | None = None
     check_integrity: bool = False
+    scheduler: str | None = None
 
 
 END_REASONS = ("end", "recursion_limit", "error", "aborted")
@@ -105,6 +113,7 @@ class PolicyResult:
     mean_ttft_s: float
     gpu_hit_rate: float
     host_hit_rate: float
+    total_hit_rate: float
     recomputed_tokens: int
     throughput_workflows_per_s: float
     makespan_s: float
@@ -112,6 +121,58 @@ class PolicyResult:
     wall_s: float
     hit_timeline: tuple[tuple[float, float], ...] = field(default=(), repr=False)
     end_reasons: dict[str, int] = field(default_factory=dict)
+    scheduler: str = "fcfs"
+    ceiling_hit_rate: float = float("nan")
+    min_gpu_hit_rate: float = float("nan")
+    min_total_hit_rate: float = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What no policy can do better than on one bench's workload.
+
+    Attributes:
+        ceiling_hit_rate: infinite-cache hit rate over any order of the workload's
+            requests (:func:`~pbkv.kvmanager.ceiling_hits`); no policy's total hit rate,
+            under any scheduler, exceeds it.
+        floor_latency_s: mean workflow latency with a GPU tier that holds everything
+            (no eviction, no admission waits on memory; ``lru`` + ``fcfs``): what the
+            cache can give, not a bound on what a scheduler could.
+        min_hit_rate / min_total_hit_rate: exact offline MIN at the GPU capacity, and
+            at GPU + host capacity, over the recorded access order of ``min_order``'s
+            run; no demand policy (no prefetch) beats them on that order.
+        min_order: the ``policy:scheduler`` row whose access order MIN replays.
+    """
+
+    ceiling_hit_rate: float
+    floor_latency_s: float
+    min_hit_rate: float
+    min_total_hit_rate: float
+    min_order: str
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRun:
+    """One bench: the rows, the GPU tier used and the bounds.
+
+    Attributes:
+        results: one row per policy spec, in order.
+        gpu_kv_tokens: the GPU tier every row ran with.
+        wanted_gpu_kv_tokens: what was asked for (or the default sizing) before the
+            profile's KV capacity capped it; equal to ``gpu_kv_tokens`` when uncapped.
+        profile_kv_tokens: the hardware x model profile's GPU KV capacity.
+        bounds: the bounds, or ``None`` when not computed.
+    """
+
+    results: list[PolicyResult]
+    gpu_kv_tokens: int
+    wanted_gpu_kv_tokens: int
+    profile_kv_tokens: int
+    bounds: Bounds | None
+
+    @property
+    def gpu_kv_capped(self) -> bool:
+        return self.wanted_gpu_kv_tokens > self.gpu_kv_tokens
 
 
 def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
@@ -142,12 +203,18 @@ def run_policy(
     gpu_kv_tokens: int,
     step_graph_edges: tuple[tuple[str, str], ...] = (),
     on_outcome: Callable[[WorkflowOutcome], None] | None = None,
+    scheduler: str | None = None,
+    access_log: AccessLog | None = None,
 ) -> PolicyResult:
     """Serve ``workload`` under ``policy`` in virtual time and summarise it.
 
-    ``step_graph_edges`` is the app's call graph (needed by ``kvflow``); ``belady``
-    reads the workload's future block keys directly.
+    ``policy`` may name its scheduler (``lru:workflow``); otherwise ``scheduler``, then
+    ``config.scheduler``, then the policy's default (:func:`resolve_spec`).
+    ``step_graph_edges`` is the app's call graph (needed by ``kvflow``); ``belady-est``
+    reads the workload's future block keys directly. With ``access_log`` the row also
+    carries MIN over its own access order and the ceiling.
     """
+    policy, scheduler = resolve_spec(policy, scheduler or config.scheduler)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     bs = config.block_size
     gpu_blocks = gpu_kv_tokens // bs
@@ -167,8 +234,9 @@ def run_policy(
     timeline: list[tuple[float, float]] = []
 
     async def main() -> list[WorkflowOutcome]:
-        kv = KVManager(kv_config, trio.current_time, baseline)
-        engine = SimEngine(kv, cost, SimConfig(check_integrity=config.check_integrity))
+        kv = KVManager(kv_config, trio.current_time, baseline, access_log=access_log)
+        sim_config = SimConfig(check_integrity=config.check_integrity)
+        engine = SimEngine(kv, cost, sim_config, scheduler=scheduler)
         outcomes = await serve_workflows(
             workload,
             engine=engine,
@@ -194,7 +262,47 @@ def run_policy(
             t += step.gap_s + r.e2e_s  # invocations of a workflow run back to back
             timeline.append((t, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
     timeline.sort()
-    return summarise_outcomes(policy, config, outcomes, kv_stats, wall_s, timeline)
+    result = summarise_outcomes(
+        policy, config, outcomes, kv_stats, wall_s, timeline, scheduler=scheduler
+    )
+    if access_log is None:
+        return result
+    return dataclasses.replace(
+        result,
+        ceiling_hit_rate=access_log.hit_rate(ceiling_hits(access_log)),
+        min_gpu_hit_rate=access_log.hit_rate(min_hits(access_log, gpu_blocks)),
+        min_total_hit_rate=access_log.hit_rate(
+            min_hits(access_log, gpu_blocks + host_tokens // bs)
+        ),
+    )
+
+
+DEFAULT_SCHEDULERS: dict[str, str] = {"pbkv": "workflow", "pbkv-aggressive": "workflow"}
+"""Each policy's scheduler when none is named; every other policy runs ``fcfs`` (what
+SGLang users get), so eviction and admission gains are measured apart."""
+
+
+def resolve_spec(spec: str, scheduler: str | None = None) -> tuple[str, str]:
+    """Split a policy spec ``name`` or ``name:scheduler`` into (policy, scheduler).
+
+    A scheduler in the spec wins over ``scheduler``; without either the policy's default
+    (:data:`DEFAULT_SCHEDULERS`, else ``fcfs``) applies.
+
+    Raises:
+        ValueError: unknown policy or scheduler name (the message lists the known ones).
+    """
+    from pbkv.engines.scheduler import get_scheduler
+
+    name, _, named = spec.partition(":")
+    get_policy(name)
+    chosen = named or scheduler or DEFAULT_SCHEDULERS.get(name, "fcfs")
+    get_scheduler(chosen)
+    return name, chosen
+
+
+def row_name(result: PolicyResult) -> str:
+    """Return ``policy:scheduler`` for a row (how tables and bounds name it)."""
+    return f"{result.policy}:{result.scheduler}"
 
 
 def baseline_inputs(
@@ -236,6 +344,8 @@ def summarise_outcomes(
     kv: KVStatistics,
     wall_s: float,
     timeline: list[tuple[float, float]],
+    *,
+    scheduler: str = "fcfs",
 ) -> PolicyResult:
     """Summarise one policy's run: latency percentiles over the workflows that ran to
     their end (``end`` or ``recursion_limit``; not ``error``/``aborted``), counts by end
@@ -260,6 +370,7 @@ def summarise_outcomes(
         mean_ttft_s=float(ttfts.mean()) if len(ttfts) else 0.0,
         gpu_hit_rate=kv.gpu_hit_rate,
         host_hit_rate=kv.host_hit_rate,
+        total_hit_rate=kv.total_hit_rate,
         recomputed_tokens=kv.computed_tokens,
         throughput_workflows_per_s=len(outcomes) / makespan if makespan > 0 else 0.0,
         makespan_s=makespan,
@@ -267,6 +378,7 @@ def summarise_outcomes(
         wall_s=wall_s,
         hit_timeline=tuple(timeline),
         end_reasons={reason: reasons[reason] for reason in END_REASONS},
+        scheduler=scheduler,
     )
 
 
@@ -321,41 +433,96 @@ def compare_policies(
     *,
     on_outcome: Callable[[str, WorkflowOutcome], None] | None = None,
 ) -> tuple[list[PolicyResult], int]:
-    """Run every policy of ``config`` on one workload.
+    """Run every policy of ``config`` on one workload, without bounds.
 
     Returns:
         The per-policy results (in ``config.policies`` order) and the GPU KV capacity in
         tokens that was used.
 
     Raises:
-        ValueError: unknown app, policy, predictor or profile name.
+        ValueError: unknown app, policy, scheduler, predictor or profile name.
+    """
+    run = run_bench(config, on_outcome=on_outcome, bounds=False)
+    return run.results, run.gpu_kv_tokens
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    on_outcome: Callable[[str, WorkflowOutcome], None] | None = None,
+    bounds: bool = True,
+) -> BenchRun:
+    """Run every policy spec of ``config`` on one workload, and the bounds beside them.
+
+    ``on_outcome(spec, outcome)`` is called as each workflow ends (progress bars); the
+    floor run reports as ``"floor"``.
+
+    Raises:
+        ValueError: unknown app, policy, scheduler, predictor or profile name.
     """
     from pbkv.examples import get_app  # a registered name or a user's "module:attribute"
 
-    for name in config.policies:
-        get_policy(name)
+    for spec in config.policies:
+        resolve_spec(spec, config.scheduler)
     app = get_app(config.app)
     workload = app.generate(config.workflows, config.seed)
     forecasters: list[Forecaster] = []
-    if any(get_policy(name).uses_forecasts for name in config.policies):
+    if any(
+        get_policy(resolve_spec(spec, config.scheduler)[0]).uses_forecasts
+        for spec in config.policies
+    ):
         train = app.generate(config.train_workflows, config.seed + 10_000)
         forecasters = build_forecasters(config, app.agents, app.edges, workload, train)
-    gpu_tokens = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
+    wanted = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
-    gpu_tokens = min(gpu_tokens, cost.gpu_kv_capacity_tokens)
+    gpu_tokens = min(wanted, cost.gpu_kv_capacity_tokens)
     _check_fits(workload, gpu_tokens, config.block_size)
     results = []
-    for policy in config.policies:
-        callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
+    for spec in config.policies:
+        callback = None if on_outcome is None else (lambda o, p=spec: on_outcome(p, o))
         results.append(
             run_policy(
                 workload,
                 config,
-                policy,
+                spec,
                 forecasters,
                 gpu_kv_tokens=gpu_tokens,
                 step_graph_edges=tuple(app.edges),
                 on_outcome=callback,
+                access_log=AccessLog(config.block_size) if bounds else None,
             )
         )
-    return results, gpu_tokens
+    found = None
+    if bounds:
+        callback = None if on_outcome is None else (lambda o: on_outcome("floor", o))
+        found = _bounds(workload, config, results, callback)
+    return BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found)
+
+
+def _bounds(
+    workload: Sequence[Workflow],
+    config: BenchConfig,
+    results: Sequence[PolicyResult],
+    on_outcome: Callable[[WorkflowOutcome], None] | None,
+) -> Bounds:
+    """Return the bounds: the rows' ceiling and MIN (of the lru row, else the first) and
+    the latency of an uncontested run (a GPU tier that holds every token served)."""
+    base = next((r for r in results if r.policy == "lru"), results[0])
+    bs = config.block_size
+    everything = sum(s.prompt_tokens + s.output_tokens + bs for w in workload for s in w.steps)
+    uncontested = dataclasses.replace(config, host_kv_tokens=0)
+    floor = run_policy(
+        workload,
+        uncontested,
+        "lru:fcfs",
+        (),
+        gpu_kv_tokens=everything,
+        on_outcome=on_outcome,
+    )
+    return Bounds(
+        ceiling_hit_rate=max(r.ceiling_hit_rate for r in results),
+        floor_latency_s=floor.mean_latency_s,
+        min_hit_rate=base.min_gpu_hit_rate,
+        min_total_hit_rate=base.min_total_hit_rate,
+        min_order=row_name(base),
+    )

@@ -34,6 +34,7 @@ from pbkv.bench.compare import (
     PolicyResult,
     baseline_inputs,
     gpu_tokens_for,
+    resolve_spec,
     summarise_outcomes,
 )
 from pbkv.engines.torchengine.engine import (
@@ -220,12 +221,16 @@ def _serve(
     policy: str,
     on_outcome: Callable[[WorkflowOutcome], None] | None,
 ) -> tuple[PolicyResult, TorchStatistics]:
-    """Serve ``workload`` on the real clock and summarise it like ``pbkv bench``."""
+    """Serve ``workload`` on the real clock and summarise it like ``pbkv bench``; the
+    engine admits with the policy's default scheduler (``pbkv``: ``workflow``)."""
     captured: list[tuple[KVStatistics, TorchStatistics]] = []
+    _, scheduler = resolve_spec(policy)
 
     async def main() -> list[WorkflowOutcome]:
         kv = KVManager(kv_config, now_s, baseline)
-        engine = TorchEngine(kv, model, TorchEngineConfig(max_batch_size=cfg.concurrency))
+        engine = TorchEngine(
+            kv, model, TorchEngineConfig(max_batch_size=cfg.concurrency), scheduler=scheduler
+        )
         outcomes = await serve_workflows(
             workload,
             engine=engine,
@@ -248,7 +253,10 @@ def _serve(
         for r in o.results
     ]
     bench = BenchConfig(app=workload[0].app, policies=(policy,), predictor=cfg.predictor)
-    return summarise_outcomes(policy, bench, outcomes, kv_stats, wall_s, timeline), engine_stats
+    result = summarise_outcomes(
+        policy, bench, outcomes, kv_stats, wall_s, timeline, scheduler=scheduler
+    )
+    return result, engine_stats
 
 
 # -- workload cut-down ------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 from rich.table import Table
 
-from pbkv.bench.compare import END_REASONS, BenchConfig, PolicyResult
+from pbkv.bench.compare import END_REASONS, BenchConfig, BenchRun, Bounds, PolicyResult
 from pbkv.bench.sweeps import SweepPoint
 
 
@@ -25,45 +25,109 @@ def ratio_text(value: float, baseline: float) -> str:
     return f"{value / baseline:.3f}x" if baseline else "n/a"
 
 
-def comparison_table(results: Sequence[PolicyResult], title: str, time_unit: str = "s") -> Table:
-    """Build the comparison table: one row per policy, ratios against ``lru``.
+def comparison_table(
+    results: Sequence[PolicyResult],
+    title: str,
+    time_unit: str = "s",
+    bounds: Bounds | None = None,
+) -> Table:
+    """Build the comparison table: one row per policy spec, ratios against ``lru``.
 
-    Speedup is lru's mean workflow latency over the policy's; the hit-rate ratio is the
-    policy's GPU hit rate over lru's. Without an ``lru`` row the first row is the baseline.
-    The last column counts the workflows by end reason: end / recursion_limit / error /
-    aborted.
+    Speedup is lru's mean workflow latency over the policy's; the hit-rate ratios are
+    the policy's GPU and total (GPU + host) hit rates over lru's; the recompute ratio is
+    the policy's recomputed tokens over lru's (lower is better). The baseline is the
+    first ``lru`` row, else the first row. The last column counts the workflows by end
+    reason: end / recursion_limit / error / aborted. With ``bounds``, a last section
+    shows the ceiling, MIN and floor (ratios vs the same baseline).
     """
     base = next((r for r in results if r.policy == "lru"), results[0])
-    table = Table(title=title, caption=f"speedup and GPU hit ratio are relative to {base.policy}")
+    vs = f"{base.policy}:{base.scheduler}"
+    caption = f"ratios are relative to {vs}"
+    if bounds is not None:
+        caption += (
+            f"; ceiling: infinite cache, any order; MIN: exact offline over {bounds.min_order}'s "
+            "access order (bounds demand policies); floor: a GPU tier that holds everything"
+        )
+    table = Table(title=title, caption=caption)
     for name in (
         "policy",
+        "scheduler",
         "predictor",
         f"mean lat {time_unit}",
         f"p99 lat {time_unit}",
         f"mean TTFT {time_unit}",
         "GPU hit%",
         "host hit%",
+        "total hit%",
         "recomputed tok",
         "speedup",
         "GPU hit ratio",
+        "total hit ratio",
+        "recompute ratio",
         "end/limit/err/abort",
     ):
-        table.add_column(name, justify="left" if name in ("policy", "predictor") else "right")
+        left = name in ("policy", "scheduler", "predictor")
+        table.add_column(name, justify="left" if left else "right")
     for r in results:
         table.add_row(
             r.policy,
+            r.scheduler,
             r.predictor,
             f"{r.mean_latency_s:.2f}",
             f"{r.p99_latency_s:.2f}",
             f"{r.mean_ttft_s:.3f}",
             f"{100 * r.gpu_hit_rate:.1f}",
             f"{100 * r.host_hit_rate:.1f}",
+            f"{100 * r.total_hit_rate:.1f}",
             f"{r.recomputed_tokens:,}",
             ratio_text(base.mean_latency_s, r.mean_latency_s),
             ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
+            ratio_text(r.total_hit_rate, base.total_hit_rate),
+            ratio_text(r.recomputed_tokens, base.recomputed_tokens),
             "/".join(str(r.end_reasons.get(reason, 0)) for reason in END_REASONS),
         )
+    if bounds is not None:
+        _add_bound_rows(table, base, bounds)
     return table
+
+
+def _add_bound_rows(table: Table, base: PolicyResult, b: Bounds) -> None:
+    table.add_section()
+    blank = ""
+    table.add_row(
+        "ceiling", "any", "inf cache", *[blank] * 5,
+        f"{100 * b.ceiling_hit_rate:.1f}", *[blank] * 3,
+        f"{ratio(b.ceiling_hit_rate, base.total_hit_rate):.3f}x", *[blank] * 2,
+    )  # fmt: skip
+    table.add_row(
+        "MIN", b.min_order.partition(":")[2], "offline", *[blank] * 3,
+        f"{100 * b.min_hit_rate:.1f}", blank, f"{100 * b.min_total_hit_rate:.1f}", *[blank] * 2,
+        f"{ratio(b.min_hit_rate, base.gpu_hit_rate):.3f}x",
+        f"{ratio(b.min_total_hit_rate, base.total_hit_rate):.3f}x", *[blank] * 2,
+    )  # fmt: skip
+    table.add_row(
+        "floor", "fcfs", "no evict", f"{b.floor_latency_s:.2f}", *[blank] * 6,
+        f"{ratio(base.mean_latency_s, b.floor_latency_s):.3f}x", *[blank] * 4,
+    )  # fmt: skip
+
+
+def gpu_tier_note(run: BenchRun, config: BenchConfig) -> str:
+    """Say how the GPU tier was sized, and whether the profile capped it."""
+    how = (
+        "as given (--gpu-kv-tokens)"
+        if config.gpu_kv_tokens is not None
+        else "default: half the concurrent working set"
+    )
+    if run.gpu_kv_capped:
+        return (
+            f"GPU KV tier {run.gpu_kv_tokens:,} tokens: CAPPED by {config.hardware} x "
+            f"{config.model}'s KV capacity ({run.profile_kv_tokens:,}); {how} was "
+            f"{run.wanted_gpu_kv_tokens:,}"
+        )
+    return (
+        f"GPU KV tier {run.gpu_kv_tokens:,} tokens, {how}; the profile holds "
+        f"{run.profile_kv_tokens:,}"
+    )
 
 
 def result_record(r: PolicyResult, *, timeline: bool = True) -> dict[str, object]:
@@ -89,15 +153,25 @@ def write_json(
     gpu_kv_tokens: int,
     results: Sequence[PolicyResult],
     argv: Sequence[str] | None = None,
+    run: BenchRun | None = None,
 ) -> None:
-    """Write the command, config, GPU capacity used and every result as JSON."""
-    payload = {
+    """Write the command, config, GPU capacity used, every result and the bounds as JSON.
+
+    With ``run``, adds the top-level ``bounds`` object and how the GPU tier was sized
+    (``wanted_gpu_kv_tokens``, ``profile_kv_tokens``, ``gpu_kv_capped``).
+    """
+    payload: dict[str, object] = {
         "kind": "bench",
         "command": command_line(argv),
         "config": config,
         "gpu_kv_tokens": gpu_kv_tokens,
         "results": [result_record(r) for r in results],
     }
+    if run is not None:
+        payload["wanted_gpu_kv_tokens"] = run.wanted_gpu_kv_tokens
+        payload["profile_kv_tokens"] = run.profile_kv_tokens
+        payload["gpu_kv_capped"] = run.gpu_kv_capped
+        payload["bounds"] = run.bounds
     Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))
 
 
@@ -109,6 +183,7 @@ def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
         "policy",
         "GPU hit%",
         "host hit%",
+        "total hit%",
         "mean lat s",
         "mean TTFT s",
         "speedup",
@@ -121,15 +196,23 @@ def sweep_table(points: Sequence[SweepPoint], title: str) -> Table:
         for i, r in enumerate(p.results):
             table.add_row(
                 f"{p.value:g}" if i == 0 else "",
-                r.policy,
+                f"{r.policy}:{r.scheduler}",
                 f"{100 * r.gpu_hit_rate:.1f}",
                 f"{100 * r.host_hit_rate:.1f}",
+                f"{100 * r.total_hit_rate:.1f}",
                 f"{r.mean_latency_s:.2f}",
                 f"{r.mean_ttft_s:.3f}",
                 ratio_text(base.mean_latency_s, r.mean_latency_s),
                 ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
                 f"{100 * p.hit_rate_spread:.1f}" if i == 0 else "",
             )
+        b = p.bounds
+        if b is not None:
+            table.add_row(
+                "", "MIN / ceiling", f"{100 * b.min_hit_rate:.1f}", "",
+                f"{100 * b.ceiling_hit_rate:.1f}", f"{b.floor_latency_s:.2f} floor", "",
+                f"{ratio(base.mean_latency_s, b.floor_latency_s):.3f}x", "", "",
+            )  # fmt: skip
         table.add_section()
     return table
 
@@ -151,6 +234,7 @@ def write_sweep_json(
                 "value": p.value,
                 "gpu_kv_tokens": p.gpu_kv_tokens,
                 "hit_rate_spread": p.hit_rate_spread,
+                "bounds": p.bounds,
                 "results": [result_record(r, timeline=False) for r in p.results],
             }
             for p in points

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pbkv.actors.workflow import WorkflowOutcome
-from pbkv.bench.compare import BenchConfig, PolicyResult, compare_policies, gpu_tokens_for
+from pbkv.bench.compare import BenchConfig, Bounds, PolicyResult, gpu_tokens_for, run_bench
 
 Parameter = Literal["concurrency", "horizon", "noise"]
 PARAMETERS: tuple[Parameter, ...] = ("concurrency", "horizon", "noise")
@@ -26,6 +26,7 @@ class SweepPoint:
     value: float
     gpu_kv_tokens: int
     results: tuple[PolicyResult, ...]
+    bounds: Bounds | None = None
 
     @property
     def hit_rate_spread(self) -> float:
@@ -60,8 +61,10 @@ def sweep(
     for value in values:
         point_config = dataclasses.replace(config, **{parameter: _typed(parameter, value)})
         callback = None if on_outcome is None else (lambda p, o, v=value: on_outcome(v, p, o))
-        results, gpu_tokens = compare_policies(point_config, on_outcome=callback)
-        points.append(SweepPoint(parameter, float(value), gpu_tokens, tuple(results)))
+        run = run_bench(point_config, on_outcome=callback)
+        points.append(
+            SweepPoint(parameter, float(value), run.gpu_kv_tokens, tuple(run.results), run.bounds)
+        )
     return points
 
 

@@ -77,6 +77,13 @@ def test_cli_bench_prints_table_and_writes_json(tmp_path, capsys):
     assert "GPU hit%" in text and "pbkv" in text and "lru" in text
     payload = json.loads(out.read_text())
     assert [r["policy"] for r in payload["results"]] == ["lru", "pbkv"]
+    assert [r["scheduler"] for r in payload["results"]] == ["fcfs", "workflow"]
+    row = payload["results"][0]
+    assert row["total_hit_rate"] == pytest.approx(row["gpu_hit_rate"] + row["host_hit_rate"])
+    assert {"ceiling_hit_rate", "floor_latency_s", "min_hit_rate"} <= set(payload["bounds"])
+    assert payload["bounds"]["ceiling_hit_rate"] >= row["total_hit_rate"]
+    assert payload["gpu_kv_capped"] is False
+    assert "GPU KV tier" in text and "ceiling" in text
     assert payload["config"]["workflows"] == 4
 
 
@@ -177,3 +184,46 @@ def test_cli_bench_runs_a_user_app_and_counts_end_reasons(tmp_path, monkeypatch,
     for r in results:
         assert r["end_reasons"] == {"end": 0, "recursion_limit": 3, "error": 0, "aborted": 0}
         assert r["mean_latency_s"] > 0  # capped workflows ran to their end: they count
+
+
+def test_bounds_bound_every_policy_on_its_own_access_order():
+    from pbkv.bench.compare import run_bench
+    from pbkv.kvmanager import get_policy
+
+    specs = ("lru", "he", "pbkv", "belady-est", "lru:workflow", "he:lpm")
+    config = dataclasses.replace(SMALL, workflows=16, concurrency=8, policies=specs)
+    run = run_bench(config)
+    b = run.bounds
+    assert [f"{r.policy}:{r.scheduler}" for r in run.results] == [
+        "lru:fcfs", "he:fcfs", "pbkv:workflow", "belady-est:fcfs", "lru:workflow", "he:lpm",
+    ]  # fmt: skip
+    assert b.min_order == "lru:fcfs"
+    for r in run.results:
+        assert r.ceiling_hit_rate == b.ceiling_hit_rate  # the same requests in any order
+        assert r.total_hit_rate <= b.ceiling_hit_rate
+        assert r.mean_latency_s >= b.floor_latency_s
+        if get_policy(r.policy).prefetch == "none":  # MIN bounds demand caching
+            assert r.min_gpu_hit_rate >= r.gpu_hit_rate
+            assert r.min_total_hit_rate >= r.total_hit_rate
+    lru = run.results[0]
+    assert lru.gpu_hit_rate < b.min_hit_rate <= b.ceiling_hit_rate  # contested; MIN is above
+    assert run.results[0].kv.evicted_active_blocks > 0
+
+
+def test_policy_specs_name_their_scheduler_or_take_the_default():
+    import argparse
+
+    from pbkv.bench.compare import resolve_spec
+    from pbkv.cli import _policies
+
+    assert resolve_spec("lru") == ("lru", "fcfs")
+    assert resolve_spec("pbkv") == ("pbkv", "workflow")
+    assert resolve_spec("pbkv", "lpm") == ("pbkv", "lpm")
+    assert resolve_spec("lru:workflow", "fcfs") == ("lru", "workflow")  # the spec wins
+    with pytest.raises(ValueError, match="known: fcfs, lpm, workflow"):
+        resolve_spec("lru:sjf")
+    with pytest.raises(ValueError, match="unknown policy 'belady'"):
+        resolve_spec("belady")  # renamed: it is an estimate, not a bound
+    assert _policies("lru,lru:workflow") == ("lru", "lru:workflow")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown scheduler in lru:sjf"):
+        _policies("lru:sjf")

@@ -1,4 +1,4 @@
-"""Exact eviction orders of the kvflow and belady baselines on hand-built traces (§5.2)."""
+"""Exact eviction orders of the kvflow and belady-est baselines on hand-built traces (§5.2)."""
 
 import pytest
 
@@ -78,7 +78,7 @@ def test_belady_evicts_farthest_next_use(clock):
         ],
         "w2": [FutureStep([1, 2, 4], 0.0), FutureStep([1, 2, 7], 40.0)],
     }
-    mgr = manager(clock, "belady", BaselineInputs(future=future, concurrency=1))
+    mgr = manager(clock, "belady-est", BaselineInputs(future=future, concurrency=1))
     for keys in ([1, 2, 3], [1, 2, 5], [1, 2, 7]):
         serve(mgr, clock, keys, None, "")
     mgr.on_agent_invoked("w1", "coder", step=0)
@@ -90,4 +90,4 @@ def test_belady_evicts_farthest_next_use(clock):
     assert mgr.tree.match_prefix([1, 2, 7]).node.hint == 70.0
     assert eviction_order(mgr, 3) == [3, 7, 5]
     with pytest.raises(ValueError, match="whole workload"):
-        manager(clock, "belady", None)
+        manager(clock, "belady-est", None)

@@ -16,7 +16,7 @@ def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     data.mkdir()
     args = shlex.split(
         "--app codegen --workflows 4 --concurrency 2 --train-workflows 20 "
-        "--policies lru,kvflow,lae,he,pbkv,belady"
+        "--policies lru,kvflow,lae,he,pbkv,belady-est"
     )
     assert main(["bench", *args, "--json", str(data / "bench-hover.json")]) == 0
     shutil.copy(data / "bench-hover.json", data / "bench-financebench.json")
@@ -25,10 +25,11 @@ def test_results_page_is_generated_from_json(tmp_path, monkeypatch):
     runpy.run_path(str(SCRIPT), run_name="__main__")
     text = out.read_text()
     assert "Ablation ladder on hover" in text and "paper lru 27.1%" in text
-    assert "of belady's GPU hit rate" in text
+    assert "against the infinite-cache ceiling" in text and "against offline MIN" in text
     assert "pbkv vs kvflow" in text
     assert "`pbkv bench --app codegen" in text
-    assert text.count("| belady |") == 2
+    assert text.count("| belady-est | fcfs |") == 2
+    assert text.count("| ceiling (infinite cache) |") == 2
 
 
 def test_predictor_section_comes_from_eval_and_bench_json(tmp_path, monkeypatch):

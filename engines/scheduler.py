@@ -1,0 +1,291 @@
+"""Admission schedulers for the owned-cache engines: which queued request goes next (§7.0).
+
+Under load the queue decides as much as eviction does, so admission is part of the
+policy. Three schedulers, by name:
+
+- ``fcfs``: arrival order, head-of-line blocking (SGLang's and vLLM's default).
+- ``lpm``: longest cached prefix first (SGLang's ``lpm``), arrival order on ties.
+- ``workflow``: pbkv's: the oldest workflow first (a workflow's age is its start
+  ordinal in the KV manager, the order queue-aware eviction keeps), a request whose
+  prompt is mostly cached or loading ahead of those that would recompute most of
+  theirs, and requests of workflows outside the *cohort* (the oldest workflows whose
+  contexts fit in the cache together) held back while the GPU has other work: when
+  every running workflow's context cannot stay cached, running them all makes reuse
+  cyclic (each context is evicted just before its next step), so the cohort keeps its
+  contexts and the rest wait their turn.
+
+``lpm`` and ``workflow`` try requests past one that does not fit (bypass), but a request
+overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
+is admitted, so no request starves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
+
+from pbkv.engines.admission import Waiting, admit_fcfs, admit_request
+from pbkv.engines.base import EngineError
+from pbkv.kvmanager import Admission, KVManager
+from pbkv.kvmanager.node import NO_WORKFLOW
+
+E = TypeVar("E", bound=Waiting)
+
+DEFAULT_MAX_BYPASS = 32
+"""Times a queued request may be overtaken before it blocks everything behind it."""
+
+
+class Scheduler(Protocol):
+    """Admits queued requests through the KV manager while batch slots remain."""
+
+    name: str
+
+    def admit(
+        self,
+        kv: KVManager,
+        waiting: deque[E],
+        free_slots: int,
+        *,
+        on_admit: Callable[[E, Admission], None],
+        on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
+    ) -> None:
+        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU.
+
+        Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
+        """
+        ...
+
+
+def note_waiting(kv: KVManager, waiting: Sequence[Waiting]) -> None:
+    """Tell a queue-aware policy which prefixes the queue will need (§7.0)."""
+    if kv.policy.queue_aware:
+        kv.note_waiting(admit_request(e.request, e.keys) for e in waiting)
+
+
+class FCFSScheduler:
+    """Arrival order; stop at the first request that does not fit (see :func:`admit_fcfs`)."""
+
+    name = "fcfs"
+
+    def admit(
+        self,
+        kv: KVManager,
+        waiting: deque[E],
+        free_slots: int,
+        *,
+        on_admit: Callable[[E, Admission], None],
+        on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
+    ) -> None:
+        note_waiting(kv, waiting)
+        admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
+
+
+class _RankedScheduler:
+    """Admit in :meth:`rank` order with bounded bypass.
+
+    Entries :meth:`deferred` names are admitted only when nothing runs and nothing else
+    was admitted in the same call (work-conserving), and are not charged bypasses while
+    deferred.
+
+    Args:
+        max_bypass: times a request may be overtaken by a later arrival before it goes
+            first and blocks the queue behind it until it fits, >= 0.
+
+    Raises:
+        ValueError: negative ``max_bypass``.
+    """
+
+    name = ""
+
+    def __init__(self, max_bypass: int = DEFAULT_MAX_BYPASS) -> None:
+        if max_bypass < 0:
+            raise ValueError(f"max_bypass must be >= 0, got {max_bypass}")
+        self.max_bypass = max_bypass
+        self._bypassed: dict[int, int] = {}  # id(entry) -> times overtaken
+
+    def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
+        """Return ``waiting`` in admission order (best first). Does not modify the cache."""
+        raise NotImplementedError
+
+    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
+        """Return ids of entries to hold back while the GPU has other work (none here)."""
+        return set()
+
+    def admit(
+        self,
+        kv: KVManager,
+        waiting: deque[E],
+        free_slots: int,
+        *,
+        on_admit: Callable[[E, Admission], None],
+        on_reject: Callable[[E, EngineError], None],
+        running: int = 0,
+    ) -> None:
+        note_waiting(kv, waiting)
+        if not waiting or free_slots <= 0:
+            return
+        held = self.deferred(kv, waiting)
+        live = {id(e) for e in waiting}
+        self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
+        arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
+        starving = [e for e in waiting if self._bypassed.get(id(e), 0) >= self.max_bypass]
+        first = {id(e) for e in starving}
+        rest = [e for e in self.rank(kv, waiting) if id(e) not in first]
+        admitted: list[E] = []
+        for entry in [*starving, *rest]:
+            if free_slots <= 0:
+                break
+            if id(entry) in held and (running or admitted):
+                continue  # held back while other work keeps the GPU busy
+            try:
+                admission = kv.try_admit(admit_request(entry.request, entry.keys))
+            except ValueError as exc:
+                waiting.remove(entry)
+                on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
+                continue
+            if admission is None:
+                if self._bypassed.get(id(entry), 0) >= self.max_bypass:
+                    break  # it goes next: keep what frees up for it
+                continue
+            waiting.remove(entry)
+            free_slots -= 1
+            admitted.append(entry)
+            on_admit(entry, admission)
+        self._count_bypasses(waiting, admitted, arrival)
+
+    def _count_bypasses(
+        self, waiting: Sequence[E], admitted: Sequence[E], arrival: dict[int, int]
+    ) -> None:
+        """Charge each still-waiting request once per later arrival admitted before it."""
+        if not admitted:
+            return
+        for entry in waiting:
+            mine = arrival.get(id(entry))
+            if mine is None:
+                continue
+            later = sum(arrival.get(id(a), -1) > mine for a in admitted)
+            if later:
+                self._bypassed[id(entry)] = self._bypassed.get(id(entry), 0) + later
+
+
+class LPMScheduler(_RankedScheduler):
+    """Longest cached prefix (GPU, host or loading) first; arrival order on ties."""
+
+    name = "lpm"
+
+    def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
+        def cached(entry: E) -> int:
+            gpu, host = kv.tree.peek_prefix(entry.keys, entry.request.namespace)
+            return gpu + host
+
+        return sorted(waiting, key=lambda e: -cached(e))  # stable: arrival order on ties
+
+
+class WorkflowScheduler(_RankedScheduler):
+    """Oldest workflow first; a mostly cached request ahead of one that mostly recomputes.
+
+    A request's *value* is the share of its prompt cached or loading. Requests are
+    ranked by value band (``value_bands`` equal bands, the top band first), then by
+    workflow age (the KV manager's start ordinal, the ranking queue-aware eviction also
+    reads), then arrival. ``value_bands=1``
+    ranks by age alone.
+
+    Args:
+        max_bypass: see :class:`_RankedScheduler`.
+        value_bands: bands of the cached share, >= 1.
+
+    Raises:
+        ValueError: ``value_bands < 1`` or negative ``max_bypass``.
+    """
+
+    name = "workflow"
+
+    def __init__(
+        self,
+        max_bypass: int = DEFAULT_MAX_BYPASS,
+        value_bands: int = 2,
+        cohort_fill: float | None = 0.5,
+    ) -> None:
+        super().__init__(max_bypass)
+        if value_bands < 1:
+            raise ValueError(f"value_bands must be >= 1, got {value_bands}")
+        if cohort_fill is not None and cohort_fill <= 0:
+            raise ValueError(f"cohort_fill must be > 0 or None, got {cohort_fill}")
+        self.value_bands = value_bands
+        self.cohort_fill = cohort_fill
+        self._context_tokens: dict[str, int] = {}
+
+    def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
+        """Return the oldest active workflows whose contexts fit in the cache together.
+
+        A workflow's context is estimated by its latest queued prompt; the cohort is
+        the longest run of workflows, oldest first, whose estimates sum to at most
+        ``cohort_fill`` x (GPU + host capacity); never empty.
+        """
+        for entry in waiting:
+            wid = entry.request.workflow_id
+            if wid is not None:
+                self._context_tokens[wid] = len(entry.request.prompt_token_ids)
+        active = sorted(kv.scores.active_workflows, key=kv.scores.ordinal)
+        live = set(active)
+        self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
+        assert self.cohort_fill is not None
+        cfg = kv.config
+        budget = self.cohort_fill * (cfg.gpu_capacity_blocks + cfg.host_capacity_blocks)
+        budget *= cfg.block_size
+        members: set[str] = set()
+        used = 0
+        for wid in active:
+            used += self._context_tokens.get(wid, 0)
+            if members and used > budget:
+                break
+            members.add(wid)
+        return members
+
+    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
+        """Hold back requests of workflows outside the cohort (see :meth:`cohort`)."""
+        if self.cohort_fill is None:
+            return set()
+        members = self.cohort(kv, waiting)
+        return {
+            id(e)
+            for e in waiting
+            if e.request.workflow_id is not None and e.request.workflow_id not in members
+        }
+
+    def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
+        bs = kv.config.block_size
+
+        def key(entry: E) -> tuple[int, int]:
+            request = entry.request
+            wid = request.workflow_id
+            age = NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)  # as eviction ranks
+            gpu, host = kv.tree.peek_prefix(entry.keys, request.namespace)
+            share = (gpu + host) * bs / max(1, len(request.prompt_token_ids))
+            band = min(self.value_bands - 1, int(share * self.value_bands))
+            return -band, age
+
+        return sorted(waiting, key=key)
+
+
+SCHEDULERS: dict[str, Callable[[], Scheduler]] = {
+    "fcfs": FCFSScheduler,
+    "lpm": LPMScheduler,
+    "workflow": WorkflowScheduler,
+}
+
+
+def get_scheduler(name: str) -> Scheduler:
+    """Return a new scheduler registered as ``name``.
+
+    Raises:
+        ValueError: unknown name; the message lists the known ones.
+    """
+    try:
+        factory = SCHEDULERS[name]
+    except KeyError:
+        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(SCHEDULERS)}") from None
+    return factory()

@@ -1,0 +1,154 @@
+"""Honest bounds on cache hit rate from a run's recorded access order (§7.0, §9).
+
+A KV manager given an :class:`AccessLog` records, in order, every admitted request's
+prompt block keys (an *access*: each key found cached is a hit) and every commit of
+computed blocks (an *insert*: the blocks exist and may be cached at no cost). From that
+log:
+
+- :func:`ceiling_hits` is the infinite-cache ceiling over **every** order of the same
+  requests: a key can be hit only after it exists, so each distinct prompt key that no
+  request ever produces by decoding must miss once. No policy and no scheduler exceeds
+  it on the same requests.
+- :func:`min_hits` is Belady's MIN, exact, over the recorded order at a capacity in
+  blocks: at each access or insert of a key it keeps the key if its next access comes
+  sooner than that of the resident key needed farthest in the future (bypass allowed);
+  a key whose next occurrence is an insert is worth nothing to keep (it can be cached
+  again for free then). It ignores leases, reservations and the tree's prefix rule, so
+  it bounds every demand policy (no prefetch) holding at most that many blocks on the
+  same order; prefetching can beat it, demand caching cannot.
+
+Plain synchronous code; no trio, no engine.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+NEVER = 1 << 62
+"""Next-need position of a key not accessed again before it can be re-inserted."""
+
+
+@dataclass(slots=True)
+class AccessLog:
+    """Recorded accesses and inserts of one run, keys interned per namespace.
+
+    Attributes:
+        events: ``(is_access, key ids)`` in the order they happened.
+        produced: key ids some request computed by decoding (beyond its prompt).
+        prompt_tokens: total prompt tokens over the accesses.
+        block_size: tokens per block.
+    """
+
+    block_size: int
+    events: list[tuple[bool, tuple[int, ...]]] = field(default_factory=list)
+    produced: set[int] = field(default_factory=set)
+    prompt_tokens: int = 0
+    _ids: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+
+    def _intern(self, keys: Sequence[int], namespace: str) -> tuple[int, ...]:
+        ids = self._ids
+        return tuple(ids.setdefault((namespace, k), len(ids)) for k in keys)
+
+    def access(self, keys: Sequence[int], namespace: str, prompt_tokens: int) -> None:
+        """Record an admitted request's prompt block keys. Mutates the log."""
+        self.events.append((True, self._intern(keys, namespace)))
+        self.prompt_tokens += prompt_tokens
+
+    def insert(self, keys: Sequence[int], namespace: str, prompt_blocks: int) -> None:
+        """Record a commit of ``keys``; those past ``prompt_blocks`` were decoded.
+
+        Mutates the log.
+        """
+        ids = self._intern(keys, namespace)
+        self.events.append((False, ids))
+        self.produced.update(ids[prompt_blocks:])
+
+    @property
+    def accessed_blocks(self) -> int:
+        """Block accesses over all admitted prompts."""
+        return sum(len(keys) for is_access, keys in self.events if is_access)
+
+    def hit_rate(self, hit_blocks: int) -> float:
+        """Return ``hit_blocks`` as a share of the logged prompt tokens."""
+        return hit_blocks * self.block_size / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def ceiling_hits(log: AccessLog) -> int:
+    """Return the most prompt blocks any order of the logged requests can hit.
+
+    Infinite cache: every access hits except the first access of a key no request
+    decodes (it must be prefilled once). Independent of order, policy and scheduler.
+    """
+    accessed: set[int] = set()
+    for is_access, keys in log.events:
+        if is_access:
+            accessed.update(keys)
+    return log.accessed_blocks - len(accessed - log.produced)
+
+
+def min_hits(log: AccessLog, capacity_blocks: int) -> int:
+    """Return the blocks Belady's MIN hits on the logged order with ``capacity_blocks``.
+
+    Args:
+        log: the recorded order.
+        capacity_blocks: blocks the cache may hold at once, >= 0.
+
+    Raises:
+        ValueError: negative capacity.
+
+    Does not modify the log. ``O(E log C)`` for ``E`` key occurrences.
+    """
+    if capacity_blocks < 0:
+        raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
+    need = _next_needs(log.events)
+    resident: dict[int, int] = {}  # key -> its next-need position (heap entries may be stale)
+    heap: list[tuple[int, int]] = []  # (-need, key): farthest need on top
+    hits = 0
+    pos = 0
+    for is_access, keys in log.events:
+        if is_access:
+            hits += sum(k in resident for k in keys)
+        for k in keys:
+            n = need[pos]
+            pos += 1
+            if k in resident:
+                resident[k] = n
+                heapq.heappush(heap, (-n, k))
+            elif n != NEVER and capacity_blocks > 0:
+                if len(resident) >= capacity_blocks:
+                    far = _farthest(heap, resident)
+                    if resident[far] <= n:
+                        continue  # bypass: every resident key is needed sooner
+                    del resident[far]
+                resident[k] = n
+                heapq.heappush(heap, (-n, k))
+        if len(heap) > 4 * max(1, len(resident)) + 64:
+            heap = [(-n, k) for k, n in resident.items()]
+            heapq.heapify(heap)
+    return hits
+
+
+def _farthest(heap: list[tuple[int, int]], resident: dict[int, int]) -> int:
+    """Return the resident key with the farthest next need, dropping stale heap entries."""
+    while True:
+        neg, k = heap[0]
+        if resident.get(k) == -neg:
+            return k
+        heapq.heappop(heap)
+
+
+def _next_needs(events: Sequence[tuple[bool, tuple[int, ...]]]) -> list[int]:
+    """Return, per key occurrence (flattened in order), the position of the key's next
+    occurrence if that one is an access, else :data:`NEVER`."""
+    flat = [(k, is_access) for is_access, keys in events for k in keys]
+    out = [NEVER] * len(flat)
+    following: dict[int, tuple[int, bool]] = {}
+    for i in range(len(flat) - 1, -1, -1):
+        k, is_access = flat[i]
+        nxt = following.get(k)
+        if nxt is not None and nxt[1]:
+            out[i] = nxt[0]
+        following[k] = (i, is_access)
+    return out

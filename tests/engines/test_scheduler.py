@@ -1,0 +1,147 @@
+"""Admission schedulers: exact admission orders, bounded bypass, the cohort hold and the
+queue-aware eviction they feed (§7.0)."""
+
+from collections import deque
+from dataclasses import dataclass
+
+import pytest
+
+from pbkv.engines.base import GenerateRequest
+from pbkv.engines.scheduler import (
+    FCFSScheduler,
+    LPMScheduler,
+    WorkflowScheduler,
+    get_scheduler,
+)
+from pbkv.kvmanager import AdmitRequest, KVConfig, KVManager
+
+
+@dataclass(eq=False)
+class Entry:
+    request: GenerateRequest
+    keys: list[int]
+
+
+def entry(name, keys, *, workflow="w", new_tokens=1, extra_tokens=0):
+    prompt = tuple(range(len(keys) + extra_tokens))
+    request = GenerateRequest(name, workflow, "a", prompt, new_tokens)
+    return Entry(request, list(keys))
+
+
+def manager(gpu=8, host=0, policy="lru"):
+    config = KVConfig(
+        block_size=1, gpu_capacity_blocks=gpu, host_capacity_blocks=host, policy=policy
+    )
+    return KVManager(config, lambda: 0.0)
+
+
+def cache(kv, keys, workflow="w"):
+    """Run one request over ``keys`` to completion so they stay cached (unleased)."""
+    adm = kv.try_admit(AdmitRequest(keys=keys, prompt_tokens=len(keys), max_new_tokens=1))
+    kv.commit(adm, keys)
+    kv.release(adm)
+
+
+def hold(kv, blocks):
+    """Lease ``blocks`` GPU blocks with a running request (never released here)."""
+    keys = list(range(1000, 1000 + blocks - 1))
+    return kv.try_admit(AdmitRequest(keys=keys, prompt_tokens=len(keys), max_new_tokens=1))
+
+
+def admit(scheduler, kv, waiting, slots=8, running=0):
+    admitted = []
+    scheduler.admit(
+        kv,
+        waiting,
+        slots,
+        on_admit=lambda e, adm: admitted.append(e.request.request_id),
+        on_reject=lambda e, err: admitted.append(f"rejected {e.request.request_id}"),
+        running=running,
+    )
+    return admitted
+
+
+def test_fcfs_blocks_behind_a_head_that_does_not_fit():
+    kv = manager(gpu=8)
+    hold(kv, 5)
+    waiting = deque([entry("big", range(100, 105)), entry("small", [1])])  # 6 and 2 blocks
+    assert admit(FCFSScheduler(), kv, waiting) == []
+    assert [e.request.request_id for e in waiting] == ["big", "small"]
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    kv = manager(gpu=16)
+    cache(kv, [1, 2, 3])
+    waiting = deque([entry("cold", [9, 8, 7]), entry("warm", [1, 2, 3, 4]), entry("part", [1])])
+    assert admit(LPMScheduler(), kv, waiting, slots=2) == ["warm", "part"]
+
+
+def test_bypass_is_bounded():
+    kv = manager(gpu=12)
+    hold(kv, 5)
+    big = entry("big", range(100, 107), new_tokens=2)  # 9 blocks: does not fit now
+    scheduler = LPMScheduler(max_bypass=2)
+    waiting = deque([big, entry("s1", [1]), entry("s2", [2])])
+    assert admit(scheduler, kv, waiting) == ["s1", "s2"]  # big overtaken twice
+    waiting.append(entry("s3", [3]))
+    assert admit(scheduler, kv, waiting) == []  # big now goes first and blocks the rest
+    with pytest.raises(ValueError, match="max_bypass"):
+        LPMScheduler(max_bypass=-1)
+
+
+def test_workflow_scheduler_admits_oldest_workflow_first_and_cached_requests_ahead():
+    kv = manager(gpu=32)
+    for w in ("w0", "w1", "w2"):
+        kv.on_workflow_started(w)
+    cache(kv, [5, 6, 7, 8])
+    waiting = deque(
+        [
+            entry("w2-cold", [40, 41], workflow="w2"),
+            entry("w1-cold", [30, 31], workflow="w1"),
+            entry("w2-warm", [5, 6, 7, 8], workflow="w2"),
+            entry("w0-cold", [20, 21], workflow="w0"),
+        ]
+    )
+    scheduler = WorkflowScheduler(cohort_fill=None)
+    assert admit(scheduler, kv, waiting) == ["w2-warm", "w0-cold", "w1-cold", "w2-cold"]
+
+
+def test_cohort_holds_younger_workflows_while_the_gpu_is_busy():
+    kv = manager(gpu=16, host=0)  # half of 16 tokens: a 3- and a 6-token context do not fit
+    for w in ("w0", "w1"):
+        kv.on_workflow_started(w)
+    waiting = deque(
+        [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
+    )
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    assert scheduler.cohort(kv, waiting) == {"w0"}
+    assert admit(scheduler, kv, waiting, running=1) == ["w0"]  # w1 waits its turn
+    assert admit(scheduler, kv, waiting, running=1) == []
+    assert admit(scheduler, kv, waiting, running=0) == ["w1"]  # an idle GPU takes it
+    with pytest.raises(ValueError, match="cohort_fill"):
+        WorkflowScheduler(cohort_fill=0.0)
+
+
+def test_queued_prefixes_are_evicted_last_under_pbkv():
+    kv = manager(gpu=8, policy="pbkv")
+    kv.on_workflow_started("w")
+    cache(kv, [1, 2])
+    cache(kv, [3, 4])  # more recent than [1, 2]: LRU would evict [1, 2] first
+    waiting = deque([entry("needs-12", [1, 2, 9])])
+    FCFSScheduler().admit(
+        kv, deque(), 0, on_admit=lambda *_: None, on_reject=lambda *_: None
+    )  # an empty queue protects nothing
+    kv.note_waiting([AdmitRequest(keys=[1, 2, 9], prompt_tokens=3, max_new_tokens=1)])
+    assert kv.tree.peek_path([1, 2], "")[0].queued == 1
+    kv.tree.evict("gpu", 2)
+    assert kv.tree.peek_prefix([1, 2]) == (2, 0)
+    assert kv.tree.peek_prefix([3, 4]) == (0, 0)
+    assert len(waiting) == 1
+    # lru ignores the queue
+    plain = manager(gpu=8, policy="lru")
+    assert plain.note_waiting([AdmitRequest(keys=[1], prompt_tokens=1, max_new_tokens=1)]) == 0
+
+
+def test_unknown_scheduler_lists_the_known_ones():
+    with pytest.raises(ValueError, match="known: fcfs, lpm, workflow"):
+        get_scheduler("sjf")
