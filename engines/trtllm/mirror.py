@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, OFFLOAD_MIN_PRIORITY
+from pbkv.kvmanager.node import NO_WORKFLOW
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class MirrorBlock:
         priority: the retention priority the engine last reported.
         confirmed: seen in an event or a request's reuse since the last gap.
         salt: the cache salt of the requests that used it (``None`` if unknown).
-        accessors / retired / score: the KV manager's lifecycle state (§5.3).
+        accessors / retired / score / oldest: the KV manager's lifecycle state (§5.3).
     """
 
     __slots__ = (
@@ -53,6 +54,7 @@ class MirrorBlock:
         "accessors",
         "retired",
         "score",
+        "oldest",
         "pending_touch",
         "depth",
     )
@@ -67,6 +69,7 @@ class MirrorBlock:
         self.confirmed = True
         self.salt: str | None = None
         self.accessors: dict[str, set[str]] = {}
+        self.oldest = NO_WORKFLOW  # start ordinal of the oldest active accessor (scoring)
         self.retired = False
         self.score = 0.0
         self.pending_touch = False

@@ -74,7 +74,7 @@ def test_cli_bench_prints_table_and_writes_json(tmp_path, capsys):
     )
     assert code == 0
     text = capsys.readouterr().out
-    assert "GPU hit%" in text and "pbkv" in text and "lru" in text
+    assert "hit%" in text and "pbkv:workflow" in text and "lru:fcfs" in text
     payload = json.loads(out.read_text())
     assert [r["policy"] for r in payload["results"]] == ["lru", "pbkv"]
     assert [r["scheduler"] for r in payload["results"]] == ["fcfs", "workflow"]
