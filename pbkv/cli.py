@@ -87,6 +87,12 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         help="workflows in flight at once",
     )
     p.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="start each workflow at its arrival time (concurrency still caps those in "
+        "flight); mooncake always runs open loop",
+    )
+    p.add_argument(
         "--gpu-kv-tokens",
         type=_positive_int,
         default=None,
@@ -163,6 +169,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         checkpoint=args.checkpoint,
         check_integrity=args.check_integrity,
         scheduler=args.scheduler,
+        open_loop=args.open_loop,
     )
 
 
@@ -710,7 +717,9 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
 
 
 APP_HELP = (
-    "app: codegen, hover, swebench, financebench, taubench, or a user's app as "
+    "app: codegen, hover, swebench, financebench, taubench, mooncake (the Mooncake "
+    "conversation trace as unlabeled open-loop traffic; its long prompts want "
+    "--hardware h200 --model qwen3-14b), or a user's app as "
     "module:attribute (a pbkv.live.App, or a factory of one, in an importable module)"
 )
 
