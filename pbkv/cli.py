@@ -145,6 +145,7 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
 
 def _config_from(args: argparse.Namespace):  # -> BenchConfig
     from pbkv.bench.compare import BenchConfig
+    from pbkv.examples import get_app
 
     if args.host_kv_tokens is not None and args.host_kv_tokens < 0:
         raise ValueError(f"--host-kv-tokens must be >= 0, got {args.host_kv_tokens}")
@@ -169,7 +170,8 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         checkpoint=args.checkpoint,
         check_integrity=args.check_integrity,
         scheduler=args.scheduler,
-        open_loop=args.open_loop,
+        # what run_bench does, so the JSON's config says how the run went
+        open_loop=args.open_loop or bool(getattr(get_app(args.app), "open_loop", False)),
     )
 
 
