@@ -4,8 +4,9 @@
 workflows with real SmolLM2 token ids. Apps: ``codegen`` (Planner → Coder → Tester with
 an Analyzer retry loop), ``hover`` (multi-hop claim verification, 2–4 hops per claim),
 ``swebench`` (a manager-selected group chat resolving GitHub issues, with tool gaps),
-``financebench`` (a static five-agent crew over a 10-K excerpt) and ``taubench`` (replay
-of the τ-bench airline trajectories).
+``financebench`` (a static five-agent crew over a 10-K excerpt), ``taubench`` (replay
+of the τ-bench airline trajectories) and ``mooncake`` (the Mooncake conversation trace
+replayed as unlabeled traffic, open loop).
 """
 
 from pbkv.assets import (
@@ -32,6 +33,7 @@ from pbkv.examples.hover import MAX_REPLANS, HoverApp, HoverTask
 from pbkv.examples.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
     MOONCAKE_TRACES,
+    MooncakeApp,
     MooncakeRequest,
     load_mooncake,
 )
@@ -55,6 +57,7 @@ __all__ = [
     "FinanceTask",
     "HoverApp",
     "HoverTask",
+    "MooncakeApp",
     "MooncakeRequest",
     "SwebenchApp",
     "SwebenchTask",

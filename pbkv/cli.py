@@ -87,6 +87,12 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         help="workflows in flight at once",
     )
     p.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="start each workflow at its arrival time (concurrency still caps those in "
+        "flight); mooncake always runs open loop",
+    )
+    p.add_argument(
         "--gpu-kv-tokens",
         type=_positive_int,
         default=None,
@@ -139,6 +145,7 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
 
 def _config_from(args: argparse.Namespace):  # -> BenchConfig
     from pbkv.bench.compare import BenchConfig
+    from pbkv.examples import get_app
 
     if args.host_kv_tokens is not None and args.host_kv_tokens < 0:
         raise ValueError(f"--host-kv-tokens must be >= 0, got {args.host_kv_tokens}")
@@ -163,6 +170,8 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         checkpoint=args.checkpoint,
         check_integrity=args.check_integrity,
         scheduler=args.scheduler,
+        # what run_bench does, so the JSON's config says how the run went
+        open_loop=args.open_loop or bool(getattr(get_app(args.app), "open_loop", False)),
     )
 
 
@@ -710,7 +719,9 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
 
 
 APP_HELP = (
-    "app: codegen, hover, swebench, financebench, taubench, or a user's app as "
+    "app: codegen, hover, swebench, financebench, taubench, mooncake (the Mooncake "
+    "conversation trace as unlabeled open-loop traffic; its long prompts want "
+    "--hardware h200 --model qwen3-14b), or a user's app as "
     "module:attribute (a pbkv.live.App, or a factory of one, in an importable module)"
 )
 

@@ -50,7 +50,7 @@ class BenchConfig:
         policies: policy specs (``name`` or ``name:scheduler``), compared on the same
             workload.
         workflows: workflows in the workload.
-        concurrency: workflows in flight at once (closed loop).
+        concurrency: workflows in flight at once.
         gpu_kv_tokens: GPU KV capacity in tokens; ``None`` = half the workload's
             concurrent working set (so the tier is under pressure), capped by the profile.
         host_kv_tokens: host tier capacity in tokens; ``None`` = 2 × the GPU tier
@@ -69,6 +69,10 @@ class BenchConfig:
             (slow; for debugging a policy).
         scheduler: admission scheduler for every policy spec that names none (``None``:
             each policy's default, :data:`DEFAULT_SCHEDULERS`).
+        open_loop: start each workflow no earlier than its ``Workflow.arrival_s``
+            (``concurrency`` still caps those in flight); ``False``: closed loop, the next
+            workflow starts when a slot frees. An app whose ``open_loop`` attribute is
+            true (``mooncake``, a trace with arrival times) always runs open loop.
     """
 
     app: str = "codegen"
@@ -89,6 +93,7 @@ class BenchConfig:
     checkpoint: str | None = None
     check_integrity: bool = False
     scheduler: str | None = None
+    open_loop: bool = False
 
 
 END_REASONS = ("end", "recursion_limit", "error", "aborted")
@@ -244,6 +249,7 @@ def run_policy(
             forecasters=forecasters if uses_forecasts else (),
             concurrency=config.concurrency,
             on_outcome=on_outcome,
+            open_loop=config.open_loop,
         )
         nonlocal kv_stats
         kv_stats = kv.statistics()
@@ -465,6 +471,8 @@ def run_bench(
     for spec in config.policies:
         resolve_spec(spec, config.scheduler)
     app = get_app(config.app)
+    if getattr(app, "open_loop", False):  # a trace with arrival times (mooncake)
+        config = dataclasses.replace(config, open_loop=True)
     workload = app.generate(config.workflows, config.seed)
     forecasters: list[Forecaster] = []
     if any(

@@ -163,3 +163,16 @@ def test_ratios_to_a_zero_baseline_read_n_a():
     text = console.export_text()
     assert "nanx" not in text and text.count("n/a") == 2
     assert ratio_text(3.0, 2.0) == "1.500x" and ratio_text(1.0, 0.0) == "n/a"
+
+
+def test_open_loop_flag_and_mooncake_reach_the_json_config(tmp_path):
+    from pbkv.cli import _config_from
+
+    parse = build_parser().parse_args
+    assert not _config_from(parse(["bench", "--app", "codegen"])).open_loop
+    assert _config_from(parse(["bench", "--app", "codegen", "--open-loop"])).open_loop
+    assert _config_from(parse(["bench", "--app", "mooncake"])).open_loop  # arrivals always
+    path = tmp_path / "mooncake.json"
+    argv = ["bench", "--app", "mooncake", "--workflows", "3", "--policies", "lru"]
+    assert main([*argv, "--hardware", "h200", "--model", "qwen3-14b", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["config"]["open_loop"] is True
