@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from pbkv.assets import decode
 from pbkv.examples import codegen_prompts as text
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
@@ -49,7 +50,6 @@ from pbkv.examples.chat import (
 )
 from pbkv.examples.filler import fill_lines
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
-from pbkv.assets import decode
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from pbkv.assets import encode
 from pbkv.examples import financebench_prompts as text
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
@@ -50,7 +51,6 @@ from pbkv.examples.chat import (
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
-from pbkv.assets import encode
 from pbkv.live.graph import END, START, App, LiveTask, State
 from pbkv.live.session import Simulated
 

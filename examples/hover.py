@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from pbkv.assets import decode
 from pbkv.examples import hover_prompts as text
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import (
@@ -59,7 +60,6 @@ from pbkv.examples.chat import (
 )
 from pbkv.examples.filler import fill_lines, from_pools
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
-from pbkv.assets import decode
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
 

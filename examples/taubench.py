@@ -50,10 +50,10 @@ import numpy as np
 import trio
 
 from pbkv.actors.workload import Segment, Step
+from pbkv.assets import encode
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import END_OF_TURN, render_message
 from pbkv.examples.data import find_data_file, read_data_text
-from pbkv.assets import encode
 from pbkv.live.graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult
 from pbkv.live.session import Reply, Simulated
 
