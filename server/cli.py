@@ -133,6 +133,6 @@ def run(args: argparse.Namespace, console: Any) -> int:
 
     try:
         trio.run(main)
-    except KeyboardInterrupt:
+    except* KeyboardInterrupt:  # trio >= 0.25 raises it inside an exception group
         console.print("pbkv serve: stopped")
     return 0
