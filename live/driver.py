@@ -373,9 +373,13 @@ def simulate_workflow(
     tool latencies folded into the next step's gap), so replaying the script and
     running the app live on the sim engine serve the same requests.
 
+    An agent without ``simulate`` answers filler (its routers then see filler text); a
+    tool without ``simulate`` runs its real function. A walk that needs an event loop
+    (fan-out, a tool that awaits) is restarted under ``trio.run``, so such a tool's
+    function may run twice.
+
     Raises:
-        ValueError: an agent without ``simulate`` makes the walk text-dependent;
-            or whatever the app's routers raise.
+        Exception: whatever the app's routers, prompt builders or tools raise.
     """
     dry = _DryRun(chat)
     state = State(task, workflow_id=workflow_id, seed=seed)
