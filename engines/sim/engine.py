@@ -56,6 +56,7 @@ class SimStatistics:
 class _Entry(Queued):
     prefill_pos: int = 0
     generated: int = 0
+    output: tuple[int, ...] = ()  # what it emits: the scripted tokens, padded
 
 
 class SimEngine(OwnedCacheEngine[_Entry]):
@@ -133,6 +134,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
         entry.admit_s = now_s()
+        entry.output = _output_tokens(entry.request)
         cached = admission.cached_gpu_tokens + admission.cached_host_tokens
         entry.prefill_pos = min(cached, entry.prompt_tokens - 1)  # recompute >= 1 for logits
         for load in admission.loads:
@@ -172,14 +174,14 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             self._decode_tokens += 1
         for entry in [e for e in self._running if e.first_token_s]:
             if entry.request.on_token is not None:
-                self._stream(entry, _output_tokens(entry.request)[: entry.generated])
+                self._stream(entry, entry.output[: entry.generated])
             if entry.generated >= entry.request.max_new_tokens:
                 self._finish(entry, now)
 
     def _finish(self, entry: _Entry, now: float) -> None:
         req, adm = entry.request, entry.admission
         assert adm is not None
-        output = _output_tokens(req)
+        output = entry.output
         keys = block_keys(
             req.prompt_token_ids + output,
             self.kv.config.block_size,
