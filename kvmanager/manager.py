@@ -38,6 +38,9 @@ class KVConfig:
         policy: a name from :data:`pbkv.kvmanager.policies.POLICIES`.
         horizon: forecast steps ``K`` used by the score.
         gamma: confidence decay of the score (paper Eq. 2).
+        beyond_horizon: add the score's tail past step ``K`` from each workflow's recent
+            call shares (:func:`~pbkv.kvmanager.scoring.agent_weights`), so a weak or
+            short forecast degrades toward recency instead of zero weight.
         bandwidth_bytes_per_s: host-to-GPU bandwidth, for the prefetch budget ``S_bw``.
     """
 
@@ -49,6 +52,7 @@ class KVConfig:
     horizon: int = 3
     gamma: float = 0.8
     bandwidth_bytes_per_s: float = 0.0
+    beyond_horizon: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +166,9 @@ class KVManager:
             priority=self.policy.priority,
             clock=clock,
         )
-        self.scores = ScoreBoard(self.tree.reprioritize, config.gamma)
+        self.scores = ScoreBoard(
+            self.tree.reprioritize, config.gamma, beyond_horizon=config.beyond_horizon
+        )
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
         self._counters = _Counters()
@@ -509,6 +515,7 @@ class KVManager:
 
     def on_agent_invoked(self, workflow_id: str, agent: str, step: int) -> None:
         """Note that ``workflow_id`` runs ``agent`` as its ``step``-th invocation (baselines)."""
+        self.scores.note_invocation(workflow_id, agent)
         if self.kvflow is not None:
             self.kvflow.on_agent_invoked(workflow_id, agent)
         if self.belady is not None:

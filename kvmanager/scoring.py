@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,6 +26,8 @@ ROW_SUM_TOLERANCE = 1e-4
 """How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
 ENDED_MEMORY = 65_536
 """Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
+CALL_RATE_DECAY = 0.3
+"""Weight of the latest call in a workflow's recent call shares (:meth:`ScoreBoard.note_invocation`)."""
 
 
 def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
@@ -55,29 +57,53 @@ def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
 
 
 def agent_weights(
-    forecast: np.ndarray, agents: Sequence[str], gamma: float
+    forecast: np.ndarray,
+    agents: Sequence[str],
+    gamma: float,
+    call_rates: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Fold a K-step forecast into per-agent reuse weights.
+
+    Beyond the horizon the forecast says nothing, yet an agent whose next call lies past
+    step K will often be called again: with ``call_rates`` (the workflow's own recent
+    share of calls per agent, see :meth:`ScoreBoard.note_invocation`) each step ``k > K``
+    is taken to call ``a`` with probability ``call_rates[a]`` and to end with the
+    horizon's last END probability ``e = P^(K)[END]``, which adds the geometric tail::
+
+        tail[a] = call_rates[a] * gamma^K s^(K+1) / (1 - gamma (1 - e))
+
+    So a context just computed never weighs nothing while its workflow lives, and a
+    forecast that knows nothing (uniform) leaves the workflow's own call history, not
+    zero, to rank its cache.
 
     Args:
         forecast: shape ``(K, len(agents) + 1)``; END is the last column.
         agents: the column names.
         gamma: confidence decay in (0, 1].
+        call_rates: per agent, its share of the workflow's recent calls (summing to at
+            most 1); ``None`` or empty: no tail (the paper's Eq. 2 as written).
 
     Returns:
-        ``(u, next_step)``: ``u[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]`` (Eq. 2–4) and the
-        step-1 distribution ``P^(1)[a]`` (the prefetch value of §5.4).
+        ``(u, next_step)``: ``u[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]`` (Eq. 2–4) plus the
+        tail, and the step-1 distribution ``P^(1)[a]`` (the prefetch value of §5.4).
 
     Raises:
         ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
     forecast = validate_forecast(forecast, len(agents))
+    horizon = forecast.shape[0]
     alive = np.concatenate(([1.0], np.cumprod(1.0 - forecast[:-1, -1])))
-    decay = gamma ** np.arange(forecast.shape[0])
+    decay = gamma ** np.arange(horizon)
     u = (decay * alive) @ forecast[:, :-1]
-    return dict(zip(agents, u.tolist(), strict=True)), dict(
-        zip(agents, forecast[0, :-1].tolist(), strict=True)
-    )
+    weights = dict(zip(agents, u.tolist(), strict=True))
+    if call_rates:
+        end = float(forecast[-1, -1])
+        beyond = alive[-1] * (1.0 - end)  # s^(K+1)
+        mass = gamma**horizon * beyond / (1.0 - gamma * (1.0 - end))
+        for agent, rate in call_rates.items():
+            if agent in weights:
+                weights[agent] += mass * rate
+    return weights, dict(zip(agents, forecast[0, :-1].tolist(), strict=True))
 
 
 class ScoreBoard:
@@ -91,6 +117,8 @@ class ScoreBoard:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
         ended_memory: terminated workflow ids remembered, >= 1.
+        beyond_horizon: weigh reuse past the forecast horizon by the workflow's recent
+            call shares (see :func:`agent_weights`); ``False``: Eq. 2 as written.
     """
 
     def __init__(
@@ -99,6 +127,7 @@ class ScoreBoard:
         gamma: float,
         *,
         ended_memory: int = ENDED_MEMORY,
+        beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
@@ -106,6 +135,8 @@ class ScoreBoard:
             raise ValueError(f"ended_memory must be >= 1, got {ended_memory}")
         self.ended_memory = ended_memory
         self.gamma = gamma
+        self.beyond_horizon = beyond_horizon
+        self._call_rates: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
         self._weights: dict[str, dict[str, float]] = {}
         self._next: dict[str, dict[str, float]] = {}
@@ -144,6 +175,23 @@ class ScoreBoard:
         self._nodes.setdefault(workflow_id, set())
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
+
+    def note_invocation(self, workflow_id: str, agent: str) -> None:
+        """Count a call of ``agent`` in ``workflow_id``'s recent call shares.
+
+        Shares are an exponential moving average of one-hot calls (the latest weighs
+        :data:`CALL_RATE_DECAY`; the first call weighs 1), so they sum to 1 and follow a
+        workflow whose calls shift. They take effect at the workflow's next forecast.
+        """
+        if workflow_id in self._ended:
+            return
+        rates = self._call_rates.get(workflow_id)
+        if rates is None:
+            self._call_rates[workflow_id] = {agent: 1.0}
+            return
+        for name in rates:
+            rates[name] *= 1.0 - CALL_RATE_DECAY
+        rates[agent] = rates.get(agent, 0.0) + CALL_RATE_DECAY
 
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
@@ -191,7 +239,8 @@ class ScoreBoard:
 
         Mutates: scores of the workflow's nodes only.
         """
-        new, next_step = agent_weights(forecast, agents, self.gamma)
+        rates = self._call_rates.get(workflow_id) if self.beyond_horizon else None
+        new, next_step = agent_weights(forecast, agents, self.gamma, rates)
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
         self.start(workflow_id)
@@ -218,6 +267,7 @@ class ScoreBoard:
             self._ended.popitem(last=False)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
+        self._call_rates.pop(workflow_id, None)
         self._ordinal.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
