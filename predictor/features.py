@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -177,11 +178,8 @@ def encode_paths(
     rows = np.repeat(np.arange(b), kept)  # one entry per kept agent, path by path
     starts = np.cumsum(kept) - kept
     cols = np.arange(len(rows)) - np.repeat(starts, kept)  # 0-based slot in its row
-    columns = np.fromiter(
-        (index[a] for p in paths for a in p[len(p) - min(len(p), max_prefix) :]),
-        dtype=np.int64,
-        count=len(rows),
-    )
+    kept_agents = chain.from_iterable(p[-max_prefix:] for p in paths)
+    columns = np.fromiter(map(index.__getitem__, kept_agents), dtype=np.int64, count=len(rows))
     prefix = np.zeros((b, max_prefix), dtype=np.int64)
     positions = np.zeros((b, max_prefix), dtype=np.int64)
     padding = np.ones((b, max_prefix), dtype=bool)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +38,9 @@ class _PathTables:
     """Per-member tables of the path attention (``M`` members, ``n`` heads, ``d = H/n``).
 
     Rows ``c`` of the key tables are agents ``0..V-1``, then step positions ``0..P-1``,
-    then recencies ``0..R-1``; a query is ``current agent * P + current position``.
+    then recencies ``0..R-1``, then one padding row (score ``-inf``, value 0) that every
+    part of a padding key points at; ``C`` counts them all. A query is ``current agent *
+    P + current position``.
 
     Shapes:
         scores: ``(M, V*P*n*C)`` flat, query ``q`` head ``h`` against table row ``c`` at
@@ -165,7 +168,7 @@ class FusedGraphSage:
             -> ``(B, horizon, |V|+1)`` float32, rows summing to 1.
         """
         current = torch.from_numpy(paths.current)
-        first = self._path_part(paths, current)[:, rows]  # (M, B, A)
+        first = self._path_part(paths, current).index_select(1, rows)  # (M, B, A)
         if self._text is not None and self._trunk.text is not None:
             first = self._add_text(first, text, has_text)
         trunk = self._trunk
@@ -174,7 +177,7 @@ class FusedGraphSage:
         heads = trunk.heads[..., : horizon * columns]
         logits = torch.baddbmm(trunk.heads_bias[..., : horizon * columns], F.gelu(hidden), heads)
         logits = logits.view(len(logits), -1, horizon, columns)
-        allowed = self._steps[current[rows], :horizon]  # (B, horizon, V+1)
+        allowed = self._steps.index_select(0, current[rows])[:, :horizon]  # (B, k, V+1)
         probs = torch.softmax(logits.masked_fill(~allowed, MASKED_LOGIT), dim=-1)
         return probs.mean(dim=0) if len(probs) > 1 else probs[0]
 
@@ -182,7 +185,7 @@ class FusedGraphSage:
         """Return the trunk's first-layer input from ``h_cur`` and ``h_path``, ``(M, U, A)``."""
         h_path = self._attend(paths, current)  # (M, U, H), normalised, no affine
         trunk = self._trunk
-        return torch.baddbmm(trunk.current[:, current], h_path, trunk.path)
+        return torch.baddbmm(trunk.current.index_select(1, current), h_path, trunk.path)
 
     def _attend(self, paths: EncodedPaths, current: torch.Tensor) -> torch.Tensor:
         """Attend from each path's current agent over its prefix; ``(M, U, H)``.
@@ -199,29 +202,29 @@ class FusedGraphSage:
         )
         n = heads_rows // members
         u, length = paths.prefix.shape
-        v = self._steps.shape[0]
-        columns = torch.stack(
-            [
-                torch.from_numpy(paths.prefix),
-                torch.from_numpy(paths.positions) + v,
-                torch.from_numpy(paths.recency) + v + self._positions,
-            ],
-            dim=-1,
-        ).view(u, 1, 3 * length)  # (U, 1, 3L) table rows of each key's three parts
+        columns = torch.from_numpy(self._key_columns(paths)).view(3, u, 1, length)
         query = current * self._positions + torch.from_numpy(paths.current_position)
         head = torch.arange(n).view(1, n)
-        at_query = ((query.view(u, 1) * n + head) * c).view(u, n, 1) + columns  # (U, n, 3L)
-        at_row = ((head * u + torch.arange(u).view(u, 1)) * c).view(u, n, 1) + columns
-        scores = tables.scores[:, at_query.view(-1)].view(members, u, n, length, 3).sum(dim=-1)
-        padding = torch.from_numpy(paths.padding).view(1, u, 1, length)
-        weights = torch.softmax(scores.masked_fill(padding, float("-inf")), dim=-1)
-        spread = weights.unsqueeze(-1).expand(-1, -1, -1, -1, 3).reshape(members, -1)
-        mix = torch.zeros(members, n * u * c).index_add_(1, at_row.view(-1), spread)
+        at_query = ((query.view(u, 1) * n + head) * c).view(1, u, n, 1) + columns
+        at_row = ((head * u + torch.arange(u).view(u, 1)) * c).view(1, u, n, 1) + columns
+        parts = tables.scores.index_select(1, at_query.view(-1))  # (M, 3*U*n*L)
+        scores = parts.view(members, 3, u, n, length).sum(dim=1)  # padding: -inf
+        weights = torch.softmax(scores, dim=-1).unsqueeze(1).expand(-1, 3, -1, -1, -1)
+        mix = torch.zeros(members, n * u * c)
+        mix.index_add_(1, at_row.view(-1), weights.reshape(members, -1))
         mix = mix.view(members * n, u, c)  # attention weight per (head, path, table row)
         values = torch.bmm(mix, tables.values).view(members, n, u, d).transpose(1, 2)
         values = values.reshape(members, u, n * d) + tables.value_bias
         out = torch.baddbmm(tables.out_bias, values, tables.out_weight)
         return F.layer_norm(out, out.shape[-1:], eps=tables.norm_eps)
+
+    def _key_columns(self, paths: EncodedPaths) -> np.ndarray:
+        """Return the table rows of each key's agent, position and recency, ``(3, U, L)``."""
+        v = self._steps.shape[0]
+        pad = self._path.values.shape[1] - 1
+        columns = np.stack([paths.prefix, paths.positions + v, paths.recency + v + self._positions])
+        columns[:, paths.padding] = pad
+        return columns
 
     def _add_text(
         self, first: torch.Tensor, text: torch.Tensor, has_text: torch.Tensor
@@ -259,13 +262,16 @@ def _path_tables(members: list[GraphSageModel]) -> _PathTables:
         nodes = m.node_embeddings()  # (V, H)
         h, n = nodes.shape[-1], mha.num_heads
         d = h // n
-        keys = torch.cat([nodes, m.position_embedding.weight, m.recency_embedding.weight])
+        pad = torch.zeros(1, h)  # its score is set to -inf below
+        keys = torch.cat([nodes, m.position_embedding.weight, m.recency_embedding.weight, pad])
         queries = (nodes[:, None] + m.position_embedding.weight[None]).reshape(-1, h)
         w_q, w_k, w_v = mha.in_proj_weight.split(h)
         b_q, _, b_v = mha.in_proj_bias.split(h)  # the key bias shifts every score equally
         q = F.linear(queries, w_q, b_q).view(-1, n, d)
         q_in = torch.einsum("qnd,ndh->qnh", q, w_k.view(n, d, h))  # (V*P, n, H)
-        scores.append((torch.einsum("qnh,ch->qnc", q_in, keys) / math.sqrt(d)).reshape(-1))
+        score = torch.einsum("qnh,ch->qnc", q_in, keys) / math.sqrt(d)
+        score[..., -1] = float("-inf")
+        scores.append(score.reshape(-1))
         values.append(torch.einsum("ndh,ch->ncd", w_v.view(n, d, h), keys))
         value_bias.append(b_v.view(1, h))
         out_weight.append(mha.out_proj.weight.t())
