@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import torch
@@ -140,7 +141,9 @@ class FusedGraphSage:
         return fused
 
     def matches(self, model: AnyGraphSage) -> bool:
-        """Return whether ``model`` still holds the weights this was folded from."""
+        """Return whether ``model`` still holds the weights this was folded from: the same
+        parameter and buffer tensors, none updated in place since (``load_state_dict``
+        and optimiser steps update in place)."""
         sources = tuple(t for m in _members(model) for t in (*m.parameters(), *m.buffers()))
         return len(sources) == len(self._sources) and all(
             a is b and a._version == version
@@ -247,7 +250,7 @@ class FusedGraphSage:
 
 def _members(model: AnyGraphSage) -> list[GraphSageModel]:
     if isinstance(model, GraphSageEnsemble):
-        return model._member_models()
+        return [cast(GraphSageModel, m) for m in model.members]
     return [model]
 
 

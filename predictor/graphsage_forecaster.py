@@ -1,7 +1,11 @@
 """``graphsage``: the learned forecaster behind the :class:`~pbkv.predictor.base.Forecaster`
 interface (§6).
 
-Every state of a call goes through the model in one forward pass. A state's text
+Every state of a call goes through the model in one forward pass: in eval mode through
+:class:`~pbkv.predictor.fused_graphsage.FusedGraphSage` (the same distributions up to
+float rounding, with the work that depends only on the path done once per distinct path
+of the call; folded again whenever the weights change), in training mode through the
+modules' own ``forward`` (dropout on). A state's text
 vector is its ``hidden`` (the engine's last-prefill hidden state) when given; otherwise,
 with a text encoder, the embedding (cached per text) of its text as
 :func:`~pbkv.predictor.dataset.state_text` picks it for the model's text source: the
