@@ -113,7 +113,7 @@ class FusedGraphSage:
         positions: int,
     ) -> None:
         self._sources = sources
-        self._versions = tuple(t._version for t in sources)
+        self._versions = tuple(_version(t) for t in sources)
         self._steps = steps  # (V, K, V+1) bool, admissible columns per current agent
         self._path = path
         self._trunk = trunk
@@ -143,10 +143,12 @@ class FusedGraphSage:
     def matches(self, model: AnyGraphSage) -> bool:
         """Return whether ``model`` still holds the weights this was folded from: the same
         parameter and buffer tensors, none updated in place since (``load_state_dict``
-        and optimiser steps update in place)."""
+        and optimiser steps update in place). Always false for a model made under
+        ``torch.inference_mode`` (its tensors keep no version), so it is folded anew on
+        every call."""
         sources = tuple(t for m in _members(model) for t in (*m.parameters(), *m.buffers()))
         return len(sources) == len(self._sources) and all(
-            a is b and a._version == version
+            a is b and version is not None and _version(a) == version
             for a, b, version in zip(sources, self._sources, self._versions, strict=True)
         )
 
@@ -246,6 +248,11 @@ class FusedGraphSage:
         if every:
             return torch.baddbmm(first, projected, self._trunk.text)
         return first.index_add(1, chosen, torch.bmm(projected, self._trunk.text))
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """Return the tensor's in-place update count, or ``None`` for an inference tensor."""
+    return None if tensor.is_inference() else tensor._version
 
 
 def _members(model: AnyGraphSage) -> list[GraphSageModel]:

@@ -176,3 +176,18 @@ def test_the_fused_model_takes_distinct_paths_and_a_row_map():
     torch.testing.assert_close(probs, expected[:, :2], rtol=0, atol=1e-6)
     assert float(probs[1, 0, AGENTS.index("B")]) > 0.0  # A -> B only
     assert float(probs[1, 0].sum() - probs[1, 0, AGENTS.index("B")]) < 1e-6
+
+
+def test_a_model_made_under_inference_mode_is_folded_on_every_call():
+    with torch.inference_mode():  # its tensors keep no version counter
+        model = random_model(CONFIG, 1)
+    forecaster = GraphSageForecaster(model, AGENTS)
+    states = random_states(20, 12, seed=6)
+    first = forecaster.forecast(states)
+    fused = forecaster._fused
+    assert fused is not None and not fused.matches(model)
+    with torch.inference_mode():
+        model.heads[0].bias[1] += 5.0  # invisible to a version check
+    after = forecaster.forecast(states)
+    assert forecaster._fused is not fused and np.abs(after - first).max() > 1e-3
+    assert np.abs(after - modules_probabilities(forecaster, states)).max() <= 1e-5
