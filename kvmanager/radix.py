@@ -644,10 +644,20 @@ class RadixTree:
     # -- priorities ----------------------------------------------------------------
 
     def reprioritize(self, node: Node) -> None:
-        """Re-key ``node`` in the eviction order of each tier it is resident in."""
-        if node.on_gpu:
+        """Re-key ``node`` in the eviction order of each tier where it is a candidate.
+
+        A node that is not a candidate there now (leased, or with a resident child in
+        the tier) is skipped: whatever makes it one again (:meth:`unlock` reaching zero,
+        its last resident child leaving in :meth:`_release` or :meth:`_drop`) re-keys it
+        then, so the index never ranks a candidate by a stale key. Most of a workflow's
+        nodes are inner nodes of its growing context chain, so most score refreshes
+        stop here.
+        """
+        if node.lock_count:
+            return
+        if node.gpu_blocks is not None and not node.gpu_children:
             self._index["gpu"].update(node)
-        if node.on_host:
+        if node.host_blocks is not None and not node.host_children:
             self._index["host"].update(node)
 
     def _gpu_candidate(self, node: Node) -> bool:

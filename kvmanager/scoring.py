@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from math import isfinite
+from operator import mul
 
 import numpy as np
 
@@ -24,6 +26,8 @@ from pbkv.kvmanager.node import NO_WORKFLOW, Node
 
 ROW_SUM_TOLERANCE = 1e-4
 """How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
+_CLEARLY_VALID = ROW_SUM_TOLERANCE / 2
+"""Row sums this close to 1 are accepted without numpy (see :func:`_valid_rows`)."""
 ENDED_MEMORY = 65_536
 """Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
 
@@ -59,6 +63,11 @@ def agent_weights(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Fold a K-step forecast into per-agent reuse weights.
 
+    Plain Python over the rows (a forecast is a few rows of a few agents, where each
+    numpy call costs more than the arithmetic); the sums run over ``k`` in order, as
+    numpy's matmul does for ``K <= 3``, so the weights are bit-for-bit those of
+    ``(gamma^(k-1) s^(k)) @ P`` there.
+
     Args:
         forecast: shape ``(K, len(agents) + 1)``; END is the last column.
         agents: the column names.
@@ -71,13 +80,45 @@ def agent_weights(
     Raises:
         ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
-    forecast = validate_forecast(forecast, len(agents))
-    alive = np.concatenate(([1.0], np.cumprod(1.0 - forecast[:-1, -1])))
-    decay = gamma ** np.arange(forecast.shape[0])
-    u = (decay * alive) @ forecast[:, :-1]
-    return dict(zip(agents, u.tolist(), strict=True)), dict(
-        zip(agents, forecast[0, :-1].tolist(), strict=True)
-    )
+    rows = _valid_rows(forecast, len(agents))
+    weights = []  # gamma^(k-1) s^(k), s^(k) the probability the workflow still runs at k
+    alive = 1.0
+    for k, row in enumerate(rows):
+        weights.append(gamma**k * alive)
+        alive *= 1.0 - row[-1]
+    # zip(*rows) walks the columns (END last, left out by the strict zip with agents)
+    u = [sum(map(mul, weights, column)) for column in zip(*rows, strict=True)]
+    return dict(zip(agents, u[:-1], strict=True)), dict(zip(agents, rows[0][:-1], strict=True))
+
+
+def _valid_rows(forecast: np.ndarray, n_agents: int) -> list[list[float]]:
+    """Return ``forecast``'s rows as float lists if :func:`validate_forecast` accepts it.
+
+    Checks well-formed forecasts in plain Python; anything not clearly valid (a row sum
+    near the tolerance, a negative, a non-finite value, a wrong shape) goes through
+    :func:`validate_forecast`, which accepts or raises exactly as before.
+    """
+    array = np.asarray(forecast, dtype=np.float64)
+    if array.ndim == 2 and array.shape[0] >= 1 and array.shape[1] == n_agents + 1:
+        rows: list[list[float]] = array.tolist()
+        sums = list(map(sum, rows))
+        # a NaN or an infinity makes the total non-finite, so it falls through as well
+        if (
+            isfinite(sum(sums))
+            and min(map(min, rows)) >= 0.0
+            and min(sums) >= 1.0 - _CLEARLY_VALID
+            and max(sums) <= 1.0 + _CLEARLY_VALID
+        ):
+            return rows
+    validated: list[list[float]] = validate_forecast(array, n_agents).tolist()
+    return validated
+
+
+class _ZeroIfMissing(dict[str, float]):
+    """Per-agent weight changes; an agent the forecast does not name changes by 0."""
+
+    def __missing__(self, agent: str) -> float:
+        return 0.0
 
 
 class ScoreBoard:
@@ -194,16 +235,23 @@ class ScoreBoard:
         new, next_step = agent_weights(forecast, agents, self.gamma)
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
-        self.start(workflow_id)
+        if workflow_id not in self._weights:
+            self.start(workflow_id)
         old = self._weights[workflow_id]
         self._weights[workflow_id] = new
         self._next[workflow_id] = next_step
+        # u_new[a] - u_old[a] once per agent, not once per node and agent; a node's delta
+        # sums them in its set's order, as the per-node sum always did
+        change = _ZeroIfMissing(new)  # an agent the old weights lack changed by u_new - 0
+        for agent, before in old.items():
+            change[agent] = new.get(agent, 0.0) - before
         nodes = self._nodes[workflow_id]
+        reprioritize = self._reprioritize
         for node in nodes:
-            delta = sum(new.get(a, 0.0) - old.get(a, 0.0) for a in node.accessors[workflow_id])
+            delta = sum(map(change.__getitem__, node.accessors[workflow_id]))
             if delta:
                 node.score += delta
-                self._reprioritize(node)
+                reprioritize(node)
         self.refreshed_nodes += len(nodes)
         return len(nodes)
 
