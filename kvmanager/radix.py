@@ -20,7 +20,7 @@ Residency rules kept by construction:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pbkv.kvmanager.blocks import BlockPool
@@ -659,6 +659,17 @@ class RadixTree:
             self._index["gpu"].update(node)
         if node.host_blocks is not None and not node.host_children:
             self._index["host"].update(node)
+
+    def reprioritize_all(self, nodes: Iterable[Node]) -> None:
+        """:meth:`reprioritize` each of ``nodes`` (one call for a score refresh's group)."""
+        gpu, host = self._index["gpu"], self._index["host"]
+        for node in nodes:
+            if node.lock_count:
+                continue
+            if node.gpu_blocks is not None and not node.gpu_children:
+                gpu.update(node)
+            if node.host_blocks is not None and not node.host_children:
+                host.update(node)
 
     def _gpu_candidate(self, node: Node) -> bool:
         return node.on_gpu and node.lock_count == 0 and not node.has_child_on("gpu")
