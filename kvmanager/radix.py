@@ -672,10 +672,12 @@ class RadixTree:
                 host.update(node)
 
     def _gpu_candidate(self, node: Node) -> bool:
-        return node.on_gpu and node.lock_count == 0 and not node.has_child_on("gpu")
+        # on_gpu, unleased, not has_child_on("gpu"), read as attributes (the index asks
+        # on every pop)
+        return node.gpu_blocks is not None and node.lock_count == 0 and not node.gpu_children
 
     def _host_candidate(self, node: Node) -> bool:
-        return node.on_host and node.lock_count == 0 and not node.has_child_on("host")
+        return node.host_blocks is not None and node.lock_count == 0 and not node.host_children
 
     def _pool(self, tier: Tier) -> BlockPool:
         return self.gpu if tier == "gpu" else self.host

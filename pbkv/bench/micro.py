@@ -185,11 +185,12 @@ def score_refresh_us_per_node(workflows: int = 64, steps: int = 8, rounds: int =
     """
     kv = _populated_manager(workflows, steps)
     rng = np.random.default_rng(1)
-    forecasts = rng.dirichlet(np.ones(len(AGENTS) + 1), size=(rounds, 3))
+    forecasts = list(rng.dirichlet(np.ones(len(AGENTS) + 1), size=(rounds, 3)))
+    ids = [f"w{r % workflows}" for r in range(rounds)]
     touched = 0
     started = clock_s()
-    for r in range(rounds):
-        touched += kv.on_forecast(f"w{r % workflows}", forecasts[r], AGENTS)
+    for workflow_id, forecast in zip(ids, forecasts, strict=True):
+        touched += kv.on_forecast(workflow_id, forecast, AGENTS)
         kv.tree.lowest_candidate("gpu")
     return 1e6 * (clock_s() - started) / max(1, touched)
 
