@@ -548,5 +548,6 @@ class KVManager:
         )
 
     def check_integrity(self) -> None:
-        """Assert the tree's invariants (§5.1)."""
+        """Assert the tree's invariants (§5.1) and the score board's grouping."""
         self.tree.check_integrity()
+        self.scores.check_integrity()

@@ -316,6 +316,30 @@ class ScoreBoard:
                 node.score = 0.0
             self._reprioritize(node)
 
+    def check_integrity(self) -> None:
+        """Assert that each workflow's groups partition its nodes by ``A_w(c)``.
+
+        Raises:
+            AssertionError: a node is missing from its group, sits in another group, or
+                a group is empty; the message names the workflow and the counts.
+        """
+        for workflow_id, nodes in self._nodes.items():
+            groups = self._groups.get(workflow_id, {})
+            grouped = sum(len(g) for g in groups.values())
+            members = set().union(*groups.values())
+            if grouped != len(nodes) or members != nodes:
+                raise AssertionError(
+                    f"workflow {workflow_id}: {len(nodes)} nodes but {grouped} in groups "
+                    f"({len(members ^ nodes)} differ)"
+                )
+            for agents, group in groups.items():
+                wrong = [n for n in group if frozenset(n.accessors.get(workflow_id, ())) != agents]
+                if wrong or not group:
+                    raise AssertionError(
+                        f"workflow {workflow_id}: group {sorted(agents)} holds "
+                        f"{len(wrong)} of {len(group)} nodes with other agents"
+                    )
+
     def next_step_value(self, node: Node) -> float:
         """Return ``sum_w A_w(c) . P_w^(1)``: the k=1 term of the score, for prefetch."""
         return sum(
