@@ -204,12 +204,18 @@ def eviction_us_per_node(workflows: int = 64, steps: int = 8) -> float:
     return 1e6 * (clock_s() - started) / nodes
 
 
-def simulated_requests_per_s(app: str = "codegen", workflows: int = 32) -> float:
+def simulated_requests_per_s(
+    app: str = "codegen", workflows: int = 32, train_workflows: int = 100
+) -> float:
     """Return invocations the virtual-time engine serves per wall-clock second (pbkv)."""
     from pbkv.bench.compare import BenchConfig, compare_policies
 
     config = BenchConfig(
-        app=app, policies=("pbkv",), workflows=workflows, concurrency=8, train_workflows=100
+        app=app,
+        policies=("pbkv",),
+        workflows=workflows,
+        concurrency=8,
+        train_workflows=train_workflows,
     )
     results, _ = compare_policies(config)
     return results[0].kv.requests / results[0].wall_s
@@ -292,6 +298,7 @@ class Sizes:
     forecast_states: int = FORECAST_STATES
     forecast_repeats: int = 9
     sim_workflows: int = 32
+    sim_train_workflows: int = 100
 
 
 QUICK = Sizes(
@@ -302,6 +309,7 @@ QUICK = Sizes(
     forecast_states=64,
     forecast_repeats=2,
     sim_workflows=4,
+    sim_train_workflows=10,
 )
 
 
@@ -352,7 +360,9 @@ def other_rows(sizes: Sizes) -> list[Row]:
         ("GPU eviction per node", eviction_us_per_node, "µs"),
         (
             "simulated requests per wall second (codegen, pbkv)",
-            lambda: simulated_requests_per_s(workflows=sizes.sim_workflows),
+            lambda: simulated_requests_per_s(
+                workflows=sizes.sim_workflows, train_workflows=sizes.sim_train_workflows
+            ),
             "req/s",
         ),
     ]

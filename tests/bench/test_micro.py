@@ -17,13 +17,16 @@ TINY = micro.Sizes(
     forecast_states=8,
     forecast_repeats=1,
     sim_workflows=2,
+    sim_train_workflows=4,
 )
 
 
-def test_target_rows_print_value_target_reference_ratio_and_verdict(capsys):
+def test_target_rows_print_value_target_reference_ratio_and_verdict(capsys, monkeypatch):
+    monkeypatch.setattr(micro, "forecast_ms", lambda states, repeats: 25.0)  # runs below
     rows = micro.target_rows(TINY)
+    assert rows[2].value == "25.00 ms" and rows[2].met is False
     assert [r.measure.split(",")[0] for r in rows] == list(TARGETS)
-    for row in rows[:2]:
+    for row in rows:
         assert row.met in (True, False)
         assert row.ratio.endswith("x") and row.reference != "-"
     assert "raw trio channel" in rows[1].reference
@@ -40,6 +43,8 @@ def test_the_command_runs_quick(capsys, monkeypatch):
     out = capsys.readouterr().out
     for name in (*TARGETS, "actor ask round trip", "GPU eviction per node"):
         assert name in out
+    forecast_line = next(line for line in out.splitlines() if "GraphSAGE forecast" in line)
+    assert " ms " in forecast_line or "not run" in forecast_line  # timed, or says why not
 
 
 def test_forecast_row_says_so_without_torch(monkeypatch):
