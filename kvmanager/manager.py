@@ -162,7 +162,9 @@ class KVManager:
             priority=self.policy.priority,
             clock=clock,
         )
-        self.scores = ScoreBoard(self.tree.reprioritize, config.gamma)
+        self.scores = ScoreBoard(
+            self.tree.reprioritize, config.gamma, reprioritize_all=self.tree.reprioritize_all
+        )
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
         self._counters = _Counters()
@@ -495,7 +497,9 @@ class KVManager:
         if not self.policy.uses_forecasts:
             return 0
         try:
-            return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
+            if len(forecast) > self.config.horizon:
+                forecast = forecast[: self.config.horizon]
+            return self.scores.set_forecast(workflow_id, forecast, agents)
         except (ValueError, TypeError, IndexError) as exc:
             self._counters.rejected_forecasts += 1
             log.warning("rejected forecast for workflow %s: %s", workflow_id, exc)
@@ -544,5 +548,6 @@ class KVManager:
         )
 
     def check_integrity(self) -> None:
-        """Assert the tree's invariants (§5.1)."""
+        """Assert the tree's invariants (§5.1) and the score board's grouping."""
         self.tree.check_integrity()
+        self.scores.check_integrity()
