@@ -167,7 +167,10 @@ class KVManager:
             clock=clock,
         )
         self.scores = ScoreBoard(
-            self.tree.reprioritize, config.gamma, beyond_horizon=config.beyond_horizon
+            self.tree.reprioritize,
+            config.gamma,
+            reprioritize_all=self.tree.reprioritize_all,
+            beyond_horizon=config.beyond_horizon,
         )
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
@@ -507,7 +510,9 @@ class KVManager:
         if not self.policy.uses_forecasts:
             return 0
         try:
-            return self.scores.set_forecast(workflow_id, forecast[: self.config.horizon], agents)
+            if len(forecast) > self.config.horizon:
+                forecast = forecast[: self.config.horizon]
+            return self.scores.set_forecast(workflow_id, forecast, agents)
         except (ValueError, TypeError, IndexError) as exc:
             self._counters.rejected_forecasts += 1
             log.warning("rejected forecast for workflow %s: %s", workflow_id, exc)
@@ -557,5 +562,6 @@ class KVManager:
         )
 
     def check_integrity(self) -> None:
-        """Assert the tree's invariants (§5.1)."""
+        """Assert the tree's invariants (§5.1) and the score board's grouping."""
         self.tree.check_integrity()
+        self.scores.check_integrity()

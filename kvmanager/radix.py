@@ -20,7 +20,7 @@ Residency rules kept by construction:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pbkv.kvmanager.blocks import BlockPool
@@ -644,17 +644,40 @@ class RadixTree:
     # -- priorities ----------------------------------------------------------------
 
     def reprioritize(self, node: Node) -> None:
-        """Re-key ``node`` in the eviction order of each tier it is resident in."""
-        if node.on_gpu:
+        """Re-key ``node`` in the eviction order of each tier where it is a candidate.
+
+        A node that is not a candidate there now (leased, or with a resident child in
+        the tier) is skipped: whatever makes it one again (:meth:`unlock` reaching zero,
+        its last resident child leaving in :meth:`_release` or :meth:`_drop`) re-keys it
+        then, so the index never ranks a candidate by a stale key. Most of a workflow's
+        nodes are inner nodes of its growing context chain, so most score refreshes
+        stop here.
+        """
+        if node.lock_count:
+            return
+        if node.gpu_blocks is not None and not node.gpu_children:
             self._index["gpu"].update(node)
-        if node.on_host:
+        if node.host_blocks is not None and not node.host_children:
             self._index["host"].update(node)
 
+    def reprioritize_all(self, nodes: Iterable[Node]) -> None:
+        """:meth:`reprioritize` each of ``nodes`` (one call for a score refresh's group)."""
+        gpu, host = self._index["gpu"], self._index["host"]
+        for node in nodes:
+            if node.lock_count:
+                continue
+            if node.gpu_blocks is not None and not node.gpu_children:
+                gpu.update(node)
+            if node.host_blocks is not None and not node.host_children:
+                host.update(node)
+
     def _gpu_candidate(self, node: Node) -> bool:
-        return node.on_gpu and node.lock_count == 0 and not node.has_child_on("gpu")
+        # on_gpu, unleased, not has_child_on("gpu"), read as attributes (the index asks
+        # on every pop)
+        return node.gpu_blocks is not None and node.lock_count == 0 and not node.gpu_children
 
     def _host_candidate(self, node: Node) -> bool:
-        return node.on_host and node.lock_count == 0 and not node.has_child_on("host")
+        return node.host_blocks is not None and node.lock_count == 0 and not node.host_children
 
     def _pool(self, tier: Tier) -> BlockPool:
         return self.gpu if tier == "gpu" else self.host

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import mul
 
 import numpy as np
 
@@ -24,10 +25,14 @@ from pbkv.kvmanager.node import NO_WORKFLOW, Node
 
 ROW_SUM_TOLERANCE = 1e-4
 """How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
+_SUM_LOW, _SUM_HIGH = 1.0 - ROW_SUM_TOLERANCE / 2, 1.0 + ROW_SUM_TOLERANCE / 2
+"""Row sums in this range are accepted without numpy (see :func:`_fold`)."""
 ENDED_MEMORY = 65_536
 """Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
-CALL_RATE_DECAY = 0.3
-"""Weight of the latest call in a workflow's recent call shares (:meth:`ScoreBoard.note_invocation`)."""
+CALL_SHARE_DECAY = 0.3
+"""Weight of the latest call in a workflow's call shares (:meth:`ScoreBoard.note_invocation`)."""
+MISS_RATE_DECAY = 0.02
+"""Weight of the latest call in :attr:`ScoreBoard.miss_rate`'s moving average."""
 
 
 def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
@@ -60,28 +65,34 @@ def agent_weights(
     forecast: np.ndarray,
     agents: Sequence[str],
     gamma: float,
-    call_rates: Mapping[str, float] | None = None,
+    call_shares: Mapping[str, float] | None = None,
+    tail_weight: float = 1.0,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Fold a K-step forecast into per-agent reuse weights.
 
-    Beyond the horizon the forecast says nothing, yet an agent whose next call lies past
-    step K will often be called again: with ``call_rates`` (the workflow's own recent
-    share of calls per agent, see :meth:`ScoreBoard.note_invocation`) each step ``k > K``
-    is taken to call ``a`` with probability ``call_rates[a]`` and to end with the
-    horizon's last END probability ``e = P^(K)[END]``, which adds the geometric tail::
+    Past the horizon the forecast says nothing, yet an agent whose next call lies beyond
+    step K is often called again. With ``call_shares`` (the workflow's recent share of
+    calls per agent, :meth:`ScoreBoard.note_invocation`), each step ``k > K`` is taken to
+    call ``a`` with probability ``call_shares[a]`` and to end with the horizon's last END
+    probability ``e``, which adds the geometric tail (:func:`beyond_horizon_mass`)::
 
-        tail[a] = call_rates[a] * gamma^K s^(K+1) / (1 - gamma (1 - e))
+        tail[a] = tail_weight * call_shares[a] * gamma^K s^(K+1) / (1 - gamma (1 - e))
 
-    So a context just computed never weighs nothing while its workflow lives, and a
-    forecast that knows nothing (uniform) leaves the workflow's own call history, not
-    zero, to rank its cache.
+    So a context just computed never weighs nothing while its workflow runs, and the
+    more the forecasts have missed (``tail_weight``), the more the workflow's own call
+    history ranks its cache: a weak forecast leans toward recency, not toward zero.
+
+    Plain Python over the rows for ``K <= 3`` (a forecast is a few rows of a few agents,
+    where each numpy call costs more than the arithmetic); the weights are bit-for-bit
+    those of the numpy form ``(gamma^(k-1) s^(k)) @ P`` for every ``K``.
 
     Args:
         forecast: shape ``(K, len(agents) + 1)``; END is the last column.
         agents: the column names.
         gamma: confidence decay in (0, 1].
-        call_rates: per agent, its share of the workflow's recent calls (summing to at
-            most 1); ``None`` or empty: no tail (the paper's Eq. 2 as written).
+        call_shares: per agent, its share of the workflow's recent calls (summing to at
+            most 1); ``None`` or empty: no tail (Eq. 2 as the paper writes it).
+        tail_weight: scales the tail, in [0, 1] (:attr:`ScoreBoard.miss_rate`).
 
     Returns:
         ``(u, next_step)``: ``u[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]`` (Eq. 2–4) plus the
@@ -90,20 +101,80 @@ def agent_weights(
     Raises:
         ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
-    forecast = validate_forecast(forecast, len(agents))
-    horizon = forecast.shape[0]
-    alive = np.concatenate(([1.0], np.cumprod(1.0 - forecast[:-1, -1])))
-    decay = gamma ** np.arange(horizon)
-    u = (decay * alive) @ forecast[:, :-1]
-    weights = dict(zip(agents, u.tolist(), strict=True))
-    if call_rates:
-        end = float(forecast[-1, -1])
-        beyond = alive[-1] * (1.0 - end)  # s^(K+1)
-        mass = gamma**horizon * beyond / (1.0 - gamma * (1.0 - end))
-        for agent, rate in call_rates.items():
-            if agent in weights:
-                weights[agent] += mass * rate
-    return weights, dict(zip(agents, forecast[0, :-1].tolist(), strict=True))
+    u, first = _fold(forecast, len(agents), gamma)
+    weights = dict(zip(agents, u, strict=False))  # the END column is left out
+    if call_shares:
+        _add_tail(weights, call_shares, tail_weight * beyond_horizon_mass(forecast, gamma))
+    return weights, dict(zip(agents, first, strict=False))
+
+
+def beyond_horizon_mass(forecast: np.ndarray, gamma: float) -> float:
+    """Return ``gamma^K s^(K+1) / (1 - gamma (1 - e))`` of a validated ``(K, |V|+1)``
+    forecast: the discounted steps past the horizon, each ending with the last row's END
+    probability ``e`` (see :func:`agent_weights`)."""
+    ends = np.asarray(forecast, dtype=np.float64)[:, -1].tolist()
+    alive = 1.0
+    for end in ends:
+        alive *= 1.0 - end
+    return gamma ** len(ends) * alive / (1.0 - gamma * (1.0 - ends[-1]))
+
+
+def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass: float) -> None:
+    for agent, share in call_shares.items():
+        if agent in weights:
+            weights[agent] += mass * share
+
+
+def _fold(forecast: np.ndarray, n_agents: int, gamma: float) -> tuple[list[float], list[float]]:
+    """Return ``(u, P^(1))`` of a forecast as lists over its columns (END last).
+
+    Checks a well-formed forecast in plain Python while folding it; one that is not
+    clearly valid (a row sum near the tolerance, a negative, a value that is not finite
+    — NaN and infinities make the row sum fail the test — or a wrong shape) goes through
+    :func:`validate_forecast`, which accepts or raises exactly as before.
+    """
+    array = np.asarray(forecast, dtype=np.float64)
+    if array.ndim == 2 and array.shape[0] >= 1 and array.shape[1] == n_agents + 1:
+        rows: list[list[float]] = array.tolist()
+        weights = []  # gamma^(k-1) s^(k), s^(k) the probability the workflow still runs at k
+        alive = 1.0
+        for k, row in enumerate(rows):
+            if not _SUM_LOW <= sum(row) <= _SUM_HIGH or min(row) < 0.0:
+                break
+            weights.append(gamma**k * alive)
+            alive *= 1.0 - row[-1]
+        else:
+            return _weighted_columns(weights, rows, array), rows[0]
+    rows = validate_forecast(array, n_agents).tolist()
+    weights = []
+    alive = 1.0
+    for k, row in enumerate(rows):
+        weights.append(gamma**k * alive)
+        alive *= 1.0 - row[-1]
+    return _weighted_columns(weights, rows, array), rows[0]
+
+
+def _weighted_columns(
+    weights: list[float], rows: list[list[float]], array: np.ndarray
+) -> list[float]:
+    """Return ``sum_k weights[k] * rows[k][j]`` for the agent columns ``j`` (``array``
+    holds ``rows``; the END column may follow), bit-identical to ``weights @ array[:, :-1]``:
+    numpy's matmul adds the ``k`` terms in order for ``K <= 3``, which plain Python does
+    faster; longer horizons use it."""
+    if len(weights) == 3:  # the default horizon, in one pass
+        w1, w2, w3 = weights
+        return [w1 * p1 + w2 * p2 + w3 * p3 for p1, p2, p3 in zip(*rows, strict=True)]
+    if len(weights) < 3:
+        return [sum(map(mul, weights, column)) for column in zip(*rows, strict=True)]
+    columns: list[float] = (np.array(weights) @ array[:, :-1]).tolist()  # END left out
+    return columns
+
+
+class _ZeroIfMissing(dict[str, float]):
+    """Per-agent weight changes; an agent the forecast does not name changes by 0."""
+
+    def __missing__(self, agent: str) -> float:
+        return 0.0
 
 
 class ScoreBoard:
@@ -113,12 +184,19 @@ class ScoreBoard:
     terminated ones (kept so that a late touch retires instead of reviving); a long-running
     server does not grow with the workflows it has served.
 
+    A workflow's nodes are kept grouped by the agents of that workflow that touched them
+    (``A_w(c)``), so a forecast computes each group's change once and then only adds it
+    to the group's scores: most of a workflow's nodes share one agent set.
+
     Args:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
         ended_memory: terminated workflow ids remembered, >= 1.
-        beyond_horizon: weigh reuse past the forecast horizon by the workflow's recent
-            call shares (see :func:`agent_weights`); ``False``: Eq. 2 as written.
+        reprioritize_all: called with an iterable of such nodes at once (a forecast's
+            groups); default: ``reprioritize`` on each.
+        beyond_horizon: add the score's tail past the horizon from each workflow's recent
+            call shares, weighted by :attr:`miss_rate` (see :func:`agent_weights`);
+            ``False``: Eq. 2 as the paper writes it.
     """
 
     def __init__(
@@ -127,6 +205,7 @@ class ScoreBoard:
         gamma: float,
         *,
         ended_memory: int = ENDED_MEMORY,
+        reprioritize_all: Callable[[Iterable[Node]], None] | None = None,
         beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
@@ -136,15 +215,25 @@ class ScoreBoard:
         self.ended_memory = ended_memory
         self.gamma = gamma
         self.beyond_horizon = beyond_horizon
-        self._call_rates: dict[str, dict[str, float]] = {}  # active workflows only
+        self.miss_rate = 1.0
+        """Moving average of ``1 - P^(1)[agent]`` over the calls a step-1 forecast named
+        beforehand: how much the forecasts miss (1 until checked)."""
+        self._call_shares: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
+        self._reprioritize_all = reprioritize_all or self._each
         self._weights: dict[str, dict[str, float]] = {}
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
+        # workflow -> its agents that touched a node -> those nodes (partitions _nodes)
+        self._groups: dict[str, dict[frozenset[str], set[Node]]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._ordinal: dict[str, int] = {}  # active workflows only: bounded like _nodes
         self._ordinals = itertools.count()
         self.refreshed_nodes = 0
+
+    def _each(self, nodes: Iterable[Node]) -> None:
+        for node in nodes:
+            self._reprioritize(node)
 
     def ordinal(self, workflow_id: str) -> int:
         """Return ``workflow_id``'s start ordinal (0 for the first workflow seen): its age.
@@ -173,25 +262,29 @@ class ScoreBoard:
         self._ended.pop(workflow_id, None)
         self.ordinal(workflow_id)
         self._nodes.setdefault(workflow_id, set())
+        self._groups.setdefault(workflow_id, {})
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
 
     def note_invocation(self, workflow_id: str, agent: str) -> None:
-        """Count a call of ``agent`` in ``workflow_id``'s recent call shares.
-
-        Shares are an exponential moving average of one-hot calls (the latest weighs
-        :data:`CALL_RATE_DECAY`; the first call weighs 1), so they sum to 1 and follow a
-        workflow whose calls shift. They take effect at the workflow's next forecast.
+        """Note that ``workflow_id`` calls ``agent``: check the step-1 forecast made before
+        the call (:attr:`miss_rate`) and count the call in the workflow's recent call
+        shares, a moving average of one-hot calls (the latest weighs
+        :data:`CALL_SHARE_DECAY`, the first 1), which the next forecast's tail reads.
         """
         if workflow_id in self._ended:
             return
-        rates = self._call_rates.get(workflow_id)
-        if rates is None:
-            self._call_rates[workflow_id] = {agent: 1.0}
+        predicted = self._next.get(workflow_id)
+        if predicted:
+            miss = 1.0 - min(1.0, max(0.0, predicted.get(agent, 0.0)))
+            self.miss_rate += MISS_RATE_DECAY * (miss - self.miss_rate)
+        shares = self._call_shares.get(workflow_id)
+        if shares is None:
+            self._call_shares[workflow_id] = {agent: 1.0}
             return
-        for name in rates:
-            rates[name] *= 1.0 - CALL_RATE_DECAY
-        rates[agent] = rates.get(agent, 0.0) + CALL_RATE_DECAY
+        for name in shares:
+            shares[name] *= 1.0 - CALL_SHARE_DECAY
+        shares[agent] = shares.get(agent, 0.0) + CALL_SHARE_DECAY
 
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
@@ -208,12 +301,18 @@ class ScoreBoard:
         self.start(workflow_id)
         weight = self._weights[workflow_id].get(agent, 0.0)
         mine = self._nodes[workflow_id]
+        groups = self._groups[workflow_id]
         age = self._ordinal[workflow_id]
         for node in nodes:
-            agents = node.accessors.setdefault(workflow_id, set())
-            if agent in agents:
+            agents = node.accessors.get(workflow_id)
+            if agents is None:
+                agents = node.accessors[workflow_id] = set()
+            elif agent in agents:
                 continue
+            else:
+                _leave(groups, frozenset(agents), node)
             agents.add(agent)
+            groups.setdefault(frozenset(agents), set()).add(node)
             node.score += weight
             node.oldest = min(node.oldest, age)
             node.retired = False
@@ -239,22 +338,35 @@ class ScoreBoard:
 
         Mutates: scores of the workflow's nodes only.
         """
-        rates = self._call_rates.get(workflow_id) if self.beyond_horizon else None
-        new, next_step = agent_weights(forecast, agents, self.gamma, rates)
+        u, first = _fold(forecast, len(agents), self.gamma)
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
-        self.start(workflow_id)
+        if workflow_id not in self._weights:
+            self.start(workflow_id)
         old = self._weights[workflow_id]
-        self._weights[workflow_id] = new
-        self._next[workflow_id] = next_step
-        nodes = self._nodes[workflow_id]
-        for node in nodes:
-            delta = sum(new.get(a, 0.0) - old.get(a, 0.0) for a in node.accessors[workflow_id])
+        self._weights[workflow_id] = new = dict(zip(agents, u, strict=False))  # END left out
+        shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
+        if shares:
+            _add_tail(new, shares, self.miss_rate * beyond_horizon_mass(forecast, self.gamma))
+        self._next[workflow_id] = dict(zip(agents, first, strict=False))
+        # u_new[a] - u_old[a] once per agent, not once per node and agent; a node's delta
+        # sums them in its set's order, as the per-node sum always did
+        change = _ZeroIfMissing(new)  # an agent the old weights lack changed by u_new - 0
+        for agent, before in old.items():
+            change[agent] = new.get(agent, 0.0) - before
+        changed = change.__getitem__
+        moved = []
+        for agents_used, group in self._groups[workflow_id].items():
+            delta = sum(map(changed, agents_used))
             if delta:
-                node.score += delta
-                self._reprioritize(node)
-        self.refreshed_nodes += len(nodes)
-        return len(nodes)
+                for node in group:
+                    node.score += delta
+                moved.append(group)
+        if moved:
+            self._reprioritize_all(itertools.chain.from_iterable(moved))
+        refreshed = len(self._nodes[workflow_id])
+        self.refreshed_nodes += refreshed
+        return refreshed
 
     def terminate(self, workflow_id: str) -> None:
         """Drop a finished workflow; nodes no active workflow touched become retired.
@@ -267,7 +379,8 @@ class ScoreBoard:
             self._ended.popitem(last=False)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
-        self._call_rates.pop(workflow_id, None)
+        self._call_shares.pop(workflow_id, None)
+        self._groups.pop(workflow_id, None)
         self._ordinal.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
@@ -278,6 +391,30 @@ class ScoreBoard:
                 node.score = 0.0
             self._reprioritize(node)
 
+    def check_integrity(self) -> None:
+        """Assert that each workflow's groups partition its nodes by ``A_w(c)``.
+
+        Raises:
+            AssertionError: a node is missing from its group, sits in another group, or
+                a group is empty; the message names the workflow and the counts.
+        """
+        for workflow_id, nodes in self._nodes.items():
+            groups = self._groups.get(workflow_id, {})
+            grouped = sum(len(g) for g in groups.values())
+            members = set().union(*groups.values())
+            if grouped != len(nodes) or members != nodes:
+                raise AssertionError(
+                    f"workflow {workflow_id}: {len(nodes)} nodes but {grouped} in groups "
+                    f"({len(members ^ nodes)} differ)"
+                )
+            for agents, group in groups.items():
+                wrong = [n for n in group if frozenset(n.accessors.get(workflow_id, ())) != agents]
+                if wrong or not group:
+                    raise AssertionError(
+                        f"workflow {workflow_id}: group {sorted(agents)} holds "
+                        f"{len(wrong)} of {len(group)} nodes with other agents"
+                    )
+
     def next_step_value(self, node: Node) -> float:
         """Return ``sum_w A_w(c) . P_w^(1)``: the k=1 term of the score, for prefetch."""
         return sum(
@@ -287,10 +424,23 @@ class ScoreBoard:
 
     def on_split(self, node: Node, top: Node) -> None:
         """Tree hook: ``top`` was split off above ``node`` and inherits its accessors."""
-        for w in top.accessors:
+        for w, agents in top.accessors.items():
             self._nodes.setdefault(w, set()).add(top)
+            self._groups.setdefault(w, {}).setdefault(frozenset(agents), set()).add(top)
 
     def on_remove(self, node: Node) -> None:
         """Tree hook: ``node`` left the tree."""
-        for w in node.accessors:
+        for w, agents in node.accessors.items():
             self._nodes.get(w, set()).discard(node)
+            groups = self._groups.get(w)
+            if groups is not None:
+                _leave(groups, frozenset(agents), node)
+
+
+def _leave(groups: dict[frozenset[str], set[Node]], agents: frozenset[str], node: Node) -> None:
+    """Take ``node`` out of its agent-set group (dropping the group once empty)."""
+    group = groups.get(agents)
+    if group is not None:
+        group.discard(node)
+        if not group:
+            del groups[agents]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
 from pbkv.predictor.callgraph import CallGraph
-from pbkv.predictor.trace import TraceRecord
+from pbkv.predictor.trace import END, TraceRecord
 from pbkv.predictor.vocab import check_path
 
 AGENT_STATISTICS = (
@@ -169,25 +170,36 @@ def encode_paths(
     Raises:
         ValueError: a path is empty or names an unknown agent.
     """
+    _check_paths(index, paths)
     b = len(paths)
-    max_prefix = min(max_prefix, max((len(p) for p in paths), default=1))
+    lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=b)
+    max_prefix = min(max_prefix, int(lengths.max(initial=1)))
+    kept = np.minimum(lengths, max_prefix)
+    rows = np.repeat(np.arange(b), kept)  # one entry per kept agent, path by path
+    starts = np.cumsum(kept) - kept
+    cols = np.arange(len(rows)) - np.repeat(starts, kept)  # 0-based slot in its row
+    kept_agents = chain.from_iterable(p[-max_prefix:] for p in paths)
+    columns = np.fromiter(map(index.__getitem__, kept_agents), dtype=np.int64, count=len(rows))
     prefix = np.zeros((b, max_prefix), dtype=np.int64)
     positions = np.zeros((b, max_prefix), dtype=np.int64)
     padding = np.ones((b, max_prefix), dtype=bool)
-    current = np.zeros(b, dtype=np.int64)
-    current_position = np.zeros(b, dtype=np.int64)
     recency = np.zeros((b, max_prefix), dtype=np.int64)
-    for row, path in enumerate(paths):
-        check_path(index, path)
-        kept = path[-max_prefix:]
-        first = len(path) - len(kept)
-        prefix[row, : len(kept)] = [index[a] for a in kept]
-        positions[row, : len(kept)] = np.minimum(np.arange(first, len(path)), max_positions - 1)
-        padding[row, : len(kept)] = False
-        recency[row, : len(kept)] = np.arange(len(kept) - 1, -1, -1)
-        current[row] = index[path[-1]]
-        current_position[row] = min(len(path) - 1, max_positions - 1)
+    prefix[rows, cols] = columns
+    first = np.repeat(lengths - kept, kept)  # step index of each row's first kept agent
+    positions[rows, cols] = np.minimum(first + cols, max_positions - 1)
+    padding[rows, cols] = False
+    recency[rows, cols] = np.repeat(kept - 1, kept) - cols
+    current = prefix[np.arange(b), kept - 1]
+    current_position = np.minimum(lengths - 1, max_positions - 1)
     return EncodedPaths(current, prefix, positions, padding, current_position, recency)
+
+
+def _check_paths(index: dict[str, int], paths: Sequence[Sequence[str]]) -> None:
+    """Raise as :func:`~pbkv.predictor.vocab.check_path` would on the first bad path."""
+    agents = index.keys() - {END}
+    for path in paths:
+        if not path or not agents.issuperset(path):
+            check_path(index, path)
 
 
 def step_labels(index: dict[str, int], path: Sequence[str], horizon: int) -> np.ndarray:

@@ -1,7 +1,11 @@
 """``graphsage``: the learned forecaster behind the :class:`~pbkv.predictor.base.Forecaster`
 interface (§6).
 
-Every state of a call goes through the model in one forward pass. A state's text
+Every state of a call goes through the model in one forward pass: in eval mode through
+:class:`~pbkv.predictor.fused_graphsage.FusedGraphSage` (the same distributions up to
+float rounding, with the work that depends only on the path done once per distinct path
+of the call; folded again whenever the weights change), in training mode through the
+modules' own ``forward`` (dropout on). A state's text
 vector is its ``hidden`` (the engine's last-prefill hidden state) when given; otherwise,
 with a text encoder, the embedding (cached per text) of its text as
 :func:`~pbkv.predictor.dataset.state_text` picks it for the model's text source: the
@@ -22,6 +26,7 @@ from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.checkpoint import load_checkpoint
 from pbkv.predictor.dataset import TEXT_SOURCES, TextSource, embed_texts, example_texts, state_text
 from pbkv.predictor.features import encode_paths
+from pbkv.predictor.fused_graphsage import FusedGraphSage
 from pbkv.predictor.graphsage import AnyGraphSage, GraphSageBatch, GraphSageConfig
 from pbkv.predictor.text import TextEncoder, make_text_encoder
 from pbkv.predictor.trace import TraceRecord
@@ -83,6 +88,7 @@ class GraphSageForecaster:
         self.model = model.eval()
         self.text_encoder = text_encoder if text_dim else None
         self.use_text = use_text and text_dim > 0
+        self._fused: FusedGraphSage | None = None
 
     @classmethod
     def from_checkpoint(
@@ -141,11 +147,42 @@ class GraphSageForecaster:
         """
         if not states:
             return np.zeros((0, self.horizon, len(self.agents) + 1))
-        batch = self.encode(states)
-        with torch.inference_mode():
-            probs = self.model.probabilities(batch)[:, : self.horizon]
+        if self.model.training:  # dropout on: the modules' own forward
+            batch = self.encode(states)
+            with torch.inference_mode():
+                probs = self.model.probabilities(batch)[:, : self.horizon]
+        else:
+            probs = self._fused_probabilities(states)
         out = probs.double().numpy()
         return out / out.sum(axis=-1, keepdims=True)
+
+    def _fused_probabilities(self, states: Sequence[WorkflowState]) -> torch.Tensor:
+        """Return ``(B, horizon, |V|+1)`` from :class:`FusedGraphSage`, each distinct path
+        encoded and attended over once."""
+        config = self.model.config
+        distinct: dict[tuple[str, ...], int] = {}
+        rows = np.fromiter(
+            (distinct.setdefault(tuple(s.path), len(distinct)) for s in states),
+            dtype=np.int64,
+            count=len(states),
+        )
+        paths = encode_paths(
+            self._index,
+            list(distinct),
+            max_prefix=config.max_prefix,
+            max_positions=config.max_positions,
+        )
+        text, has_text = self._text_vectors(states)
+        if self._fused is None or not self._fused.matches(self.model):
+            self._fused = FusedGraphSage.from_model(self.model)
+        with torch.inference_mode():
+            return self._fused.probabilities(
+                paths,
+                torch.from_numpy(rows),
+                torch.from_numpy(text),
+                torch.from_numpy(has_text),
+                self.horizon,
+            )
 
     def encode(self, states: Sequence[WorkflowState]) -> GraphSageBatch:
         """Turn states into the model's input batch (see :class:`GraphSageBatch`)."""
@@ -162,29 +199,48 @@ class GraphSageForecaster:
     def _text_vectors(self, states: Sequence[WorkflowState]) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(vectors (B, D), present (B,))`` for ``states``."""
         dim = self.model.config.text_dim
-        text = np.zeros((len(states), dim), dtype=np.float32)
-        has_text = np.zeros(len(states), dtype=bool)
         if not self.use_text:
-            return text, has_text
+            return np.zeros((len(states), dim), dtype=np.float32), np.zeros(len(states), bool)
         to_encode: dict[str, list[int]] = {}
+        hidden_rows: list[int] = []
+        hidden: list[np.ndarray] = []
         for row, state in enumerate(states):
             if state.hidden is not None:
-                hidden = np.asarray(state.hidden, dtype=np.float32).reshape(-1)
-                if hidden.shape != (dim,):
-                    raise ValueError(
-                        f"workflow {state.workflow_id!r}: hidden has {hidden.size} values, "
-                        f"the model takes {dim}"
-                    )
-                text[row], has_text[row] = hidden, True
+                hidden_rows.append(row)
+                hidden.append(_hidden_vector(state, dim))
             elif self.text_encoder is not None:
                 chosen = state_text(state.task_text, state.context_tail, self.text_source)
                 if chosen:
                     to_encode.setdefault(chosen, []).append(row)
+        if len(hidden) == len(states):  # the engine gave every state its hidden state
+            return np.concatenate(hidden).reshape(len(states), dim), np.ones(len(states), bool)
+        text = np.zeros((len(states), dim), dtype=np.float32)
+        has_text = np.zeros(len(states), dtype=bool)
+        if hidden:
+            text[hidden_rows], has_text[hidden_rows] = np.concatenate(hidden).reshape(-1, dim), True
         if to_encode and self.text_encoder is not None:
             vectors = self.text_encoder.encode(list(to_encode))
             for vector, rows in zip(vectors, to_encode.values(), strict=True):
                 text[rows], has_text[rows] = vector, True
         return text, has_text
+
+
+def _hidden_vector(state: WorkflowState, dim: int) -> np.ndarray:
+    """Return ``state.hidden`` as a flat float32 vector of ``dim`` values.
+
+    Raises:
+        ValueError: it has another number of values.
+    """
+    vector = state.hidden
+    if type(vector) is np.ndarray and vector.dtype == np.float32 and vector.shape == (dim,):
+        return vector
+    vector = np.asarray(vector, dtype=np.float32).reshape(-1)
+    if vector.shape != (dim,):
+        raise ValueError(
+            f"workflow {state.workflow_id!r}: hidden has {vector.size} values, "
+            f"the model takes {dim}"
+        )
+    return vector
 
 
 def build_graphsage(

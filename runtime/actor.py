@@ -14,7 +14,7 @@ import trio
 
 from . import clock
 from .errors import ActorStopped, AskTimeout
-from .mailbox import Envelope, Mailbox, Reply
+from .mailbox import Envelope, Mailbox, Reply, open_item
 from .stats import ActorCounters, ActorState, ActorStatistics
 
 __all__ = ["DEFAULT_ASK_TIMEOUT_S", "DEFAULT_MAILBOX_CAPACITY", "Actor", "ActorRef", "TaskStatus"]
@@ -140,29 +140,47 @@ class Actor:
             await self.on_start()
             self._counters.state = ActorState.RUNNING
             task_status.started()
-            async for envelope in self._mailbox:
-                await self._process(envelope)
+            await self._loop()
             await self.on_stop()
             self._counters.state = ActorState.STOPPED
         finally:
             self._running = False
 
-    async def _process(self, envelope: Envelope) -> None:
-        started_s = time.perf_counter()
+    async def _loop(self) -> None:
+        """Handle every item until the mailbox is closed and drained.
+
+        The hot path of ``tell``: per message, two clock readings and three counter
+        updates, no allocation and no call beyond ``handle`` (asks go through
+        :meth:`_answer`).
+        """
+        box, counters, handle = self._mailbox, self._counters, self.handle
+        clock_s = time.perf_counter
+        async for item in box:
+            box.taken += 1
+            started_s = clock_s()
+            try:
+                if type(item) is Envelope:
+                    await self._answer(item)
+                else:
+                    await handle(item)
+            finally:
+                counters.processed += 1
+                counters.handler_time_s += clock_s() - started_s
+
+    async def _answer(self, envelope: Envelope) -> None:
+        """Handle an ``ask`` (or a bare ``Envelope`` put without a reply channel, a tell)."""
+        msg, reply_to = open_item(envelope)
         try:
-            result = await self.handle(envelope.msg)
+            result = await self.handle(msg)
         except Exception as error:
-            if envelope.reply_to is None:
+            if reply_to is None:
                 raise
             self._counters.ask_errors += 1
             logger.debug("actor %s replies with %r to an ask", self._name, error)
             _send_reply(envelope, Reply(error=error))
         else:
-            if envelope.reply_to is not None:
+            if reply_to is not None:
                 _send_reply(envelope, Reply(value=result))
-        finally:
-            self._counters.processed += 1
-            self._counters.handler_time_s += time.perf_counter() - started_s
 
     def _bind(self, name: str) -> None:
         """Give the actor its spawn name; an actor can be spawned once."""
@@ -176,14 +194,15 @@ class Actor:
         pending = self._mailbox.take_pending()
         if pending:
             logger.warning("actor %s discards %d queued messages", self._name, len(pending))
-        for envelope in pending:
-            _send_reply(envelope, Reply(error=ActorStopped(self._name)))
+        for item in pending:
+            _send_reply(item, Reply(error=ActorStopped(self._name)))
 
 
-def _send_reply(envelope: Envelope, reply: Reply) -> None:
-    """Send ``reply`` to the asker of ``envelope``, if any; a gone asker is logged."""
-    if envelope.reply_to is None:
+def _send_reply(item: Any, reply: Reply) -> None:
+    """Send ``reply`` to the asker of mailbox ``item``, if any; a gone asker is logged."""
+    if type(item) is not Envelope or item.reply_to is None:
         return
+    envelope = item
     with envelope.reply_to:
         try:
             envelope.reply_to.send_nowait(reply)
@@ -220,7 +239,10 @@ class ActorRef:
         Raises:
             ActorStopped: the actor's mailbox is closed.
         """
-        await self._put(Envelope(msg))
+        try:
+            await self._actor._mailbox.put(Envelope(msg) if type(msg) is Envelope else msg)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorStopped(self.name) from None
 
     def try_tell(self, msg: Any) -> bool:
         """Send ``msg`` if the mailbox has room, otherwise drop it (counted in ``dropped``).
@@ -235,7 +257,7 @@ class ActorRef:
             ActorStopped: the actor's mailbox is closed.
         """
         try:
-            return self._actor._mailbox.try_put(Envelope(msg))
+            return self._actor._mailbox.try_put(Envelope(msg) if type(msg) is Envelope else msg)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ActorStopped(self.name) from None
 

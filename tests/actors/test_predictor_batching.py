@@ -122,12 +122,11 @@ async def test_graphsage_failure_falls_back_to_markov_then_recovers(autojump_clo
     result = fit_graphsage(records, GRAPH, config=small, train=TrainConfig(epochs=1))
     graphsage = GraphSageForecaster(result.model, AGENTS)
     markov = MarkovForecaster(AGENTS, horizon=2, graph=GRAPH).fit(records)
-    healthy = graphsage.model.forward
 
-    def on_fire(batch):
+    def on_fire(states):
         raise RuntimeError("injected model failure")
 
-    graphsage.model.forward = on_fire
+    graphsage.forecast = on_fire  # type: ignore[method-assign]
     actor = PredictorActor([graphsage, markov])
     replies = await ask_at(actor, [0.0, 0.0, 0.0])
     expected = markov.forecast([WorkflowState("w", "demo", ("planner",))])[0]
@@ -137,7 +136,7 @@ async def test_graphsage_failure_falls_back_to_markov_then_recovers(autojump_clo
     assert actor.predictor_statistics() == PredictorStatistics(
         requests=3, batches=1, max_batch=3, fallbacks=1, failures=1, unanswered=0
     )
-    graphsage.model.forward = healthy
+    del graphsage.forecast  # the class's forecast again
     actor = PredictorActor([graphsage, markov])
     replies = await ask_at(actor, [0.0])
     assert replies[0].shape == (2, 4)

@@ -1,6 +1,7 @@
 """Exact eviction orders of lru, lae, he and pbkv on hand-built trees (§5.2–§5.3)."""
 
 import numpy as np
+import pytest
 
 from pbkv.kvmanager import AdmitRequest
 
@@ -148,3 +149,30 @@ def test_peek_min_shows_what_pop_min_takes_and_keeps_it():
     assert index.peek_min() is nodes[2]  # node 0 is no longer a candidate
     assert index.pop_min() is nodes[2] and index.pop_min() is nodes[3]
     assert index.peek_min() is None  # node 1 (priority 1) is not a candidate either
+
+
+def test_a_node_rescored_while_it_had_a_child_is_ranked_by_its_new_score(clock):
+    """A refresh skips non-candidates (an inner node); when its child leaves, the node
+    enters the eviction order with the score it has now, not the one it had before."""
+    mgr = make_manager(clock, "he", host=0)
+    for w in ("w1", "w2"):
+        mgr.on_workflow_started(w)
+    run(mgr, clock, [10, 11], "w1", "coder")  # 10 -> 11 after the split below
+    run(mgr, clock, [10], "w1", "coder")
+    run(mgr, clock, [20], "w2", "coder")
+    mgr.on_forecast("w1", forecast(coder=1.0), AGENTS)  # [10] is an inner node now
+    mgr.on_forecast("w2", forecast(coder=0.5), AGENTS)
+    mgr.on_forecast("w1", forecast(coder=0.2), AGENTS)  # [10] drops below [20]
+    mgr.tree.evict("gpu", 1)  # the leaf [11] (score 0.2 < 0.5) goes first
+    assert mgr.tree.lowest_candidate("gpu").keys == [10]
+    assert eviction_order(mgr, 2) == [10, 20]
+
+
+def test_check_integrity_catches_a_node_outside_its_agent_group(clock):
+    mgr = make_manager(clock, "he", host=0)
+    mgr.on_workflow_started("w1")
+    run(mgr, clock, [10], "w1", "coder")
+    node = mgr.tree.match_prefix([10]).node
+    node.accessors["w1"].add("tester")  # behind the score board's back
+    with pytest.raises(AssertionError, match="group"):
+        mgr.check_integrity()

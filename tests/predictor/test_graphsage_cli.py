@@ -53,7 +53,7 @@ def test_generate_train_evaluate_and_time(tmp_path, monkeypatch):
     assert "1.000 │     1.000 │     1.000" in rows["oracle"]
 
     timing = render(bench_predictor(tmp_path / "ckpt", batch=32, repeats=2, threads=1))
-    assert "batch 32" in timing
+    assert "batch 32" in timing and "median cpu ms" in timing
 
 
 def test_eval_names_what_is_missing(tmp_path):
