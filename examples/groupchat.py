@@ -168,7 +168,7 @@ class GroupChatApp(App):
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=OUTPUT_TOKENS[agent][1] + 8,
                 simulate=simulate_agent(agent),
-                max_visits=MAX_ROUNDS + 1 if agent == "selector" else None,
+                max_visits=MAX_ROUNDS if agent == "selector" else None,
             )
         self.edge(START, "selector").route("selector", route_selector, [*MEMBERS, END])
         for member in MEMBERS:
