@@ -49,6 +49,9 @@ class Queued:
 
 E = TypeVar("E", bound=Queued)
 
+PREFILL_SHARE_TAU_S = 10.0
+"""Time constant of :attr:`OwnedCacheEngine.prefill_share`'s moving average, seconds."""
+
 
 class OwnedCacheEngine(Generic[E]):
     """Queue requests, admit them in the scheduler's order, and hand each caller its result.
@@ -85,6 +88,10 @@ class OwnedCacheEngine(Generic[E]):
         # out only after the step, by _reap_cancelled.
         self._executing = False
         self._cancelled: list[E] = []
+        # Share of the GPU's recent time spent on prefill (an EWMA over PREFILL_SHARE_TAU_S);
+        # None where the engine does not measure it. The workflow scheduler holds back
+        # requests to keep contexts cached only while recompute is what the GPU is busy with.
+        self.prefill_share: float | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the scheduler loop until cancelled.
@@ -204,7 +211,23 @@ class OwnedCacheEngine(Generic[E]):
             on_admit=self._start,
             on_reject=self._fail,
             running=len(self._running),
+            prefill_share=self.prefill_share,
         )
+
+    def _note_busy(self, step_s: float, prefill_s: float) -> None:
+        """Fold a step of ``step_s`` seconds, ``prefill_s`` of them prefill, into
+        :attr:`prefill_share`."""
+        if step_s <= 0:
+            return
+        share = min(1.0, max(0.0, prefill_s / step_s))
+        weight = 1.0 - math.exp(-step_s / PREFILL_SHARE_TAU_S)
+        current = self.prefill_share or 0.0
+        self.prefill_share = current + weight * (share - current)
+
+    def _note_idle(self, idle_s: float) -> None:
+        """Fold ``idle_s`` seconds without work (prefill share 0) into :attr:`prefill_share`."""
+        if self.prefill_share is not None and idle_s > 0:
+            self.prefill_share *= math.exp(-idle_s / PREFILL_SHARE_TAU_S)
 
     def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> None:
         """Hand ``request.on_token`` the tokens of ``output`` it has not seen yet.

@@ -50,8 +50,10 @@ class Scheduler(Protocol):
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
+        prefill_share: float | None = None,
     ) -> None:
-        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU.
+        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU,
+        which spent ``prefill_share`` of its recent time on prefill (``None``: unknown).
 
         Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
         """
@@ -78,6 +80,7 @@ class FCFSScheduler:
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
+        prefill_share: float | None = None,
     ) -> None:
         note_waiting(kv, waiting)
         admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
@@ -110,7 +113,9 @@ class _RankedScheduler:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
         raise NotImplementedError
 
-    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
+    def deferred(
+        self, kv: KVManager, waiting: Sequence[E], prefill_share: float | None = None
+    ) -> set[int]:
         """Return ids of entries to hold back while the GPU has other work (none here)."""
         return set()
 
@@ -123,11 +128,12 @@ class _RankedScheduler:
         on_admit: Callable[[E, Admission], None],
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
+        prefill_share: float | None = None,
     ) -> None:
         note_waiting(kv, waiting)
         if not waiting or free_slots <= 0:
             return
-        held = self.deferred(kv, waiting)
+        held = self.deferred(kv, waiting, prefill_share)
         live = {id(e) for e in waiting}
         self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
         arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
@@ -138,15 +144,20 @@ class _RankedScheduler:
         for entry in [*starving, *rest]:
             if free_slots <= 0:
                 break
-            if id(entry) in held and (running or admitted):
-                continue  # held back while other work keeps the GPU busy
+            # Held back while other work keeps the GPU busy, unless it fits in free and
+            # retired space: then it costs no cached context and keeps the batch full.
+            spare_only = id(entry) in held and bool(running or admitted)
             try:
-                admission = kv.try_admit(admit_request(entry.request, entry.keys))
+                admission = kv.try_admit(
+                    admit_request(entry.request, entry.keys), retired_only=spare_only
+                )
             except ValueError as exc:
                 waiting.remove(entry)
                 on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
                 continue
             if admission is None:
+                if spare_only:
+                    continue
                 if self._bypassed.get(id(entry), 0) >= self.max_bypass:
                     break  # it goes next: keep what frees up for it
                 continue
@@ -208,14 +219,23 @@ class WorkflowScheduler(_RankedScheduler):
         max_bypass: int = DEFAULT_MAX_BYPASS,
         value_bands: int = 2,
         cohort_fill: float | None = 0.5,
+        engage_share: float = 0.5,
+        release_share: float = 0.3,
     ) -> None:
         super().__init__(max_bypass)
+        if not 0.0 <= release_share <= engage_share <= 1.0:
+            raise ValueError(
+                f"need 0 <= release_share <= engage_share <= 1, got {release_share}, {engage_share}"
+            )
         if value_bands < 1:
             raise ValueError(f"value_bands must be >= 1, got {value_bands}")
         if cohort_fill is not None and cohort_fill <= 0:
             raise ValueError(f"cohort_fill must be > 0 or None, got {cohort_fill}")
         self.value_bands = value_bands
         self.cohort_fill = cohort_fill
+        self.engage_share = engage_share
+        self.release_share = release_share
+        self._engaged = False
         self._context_tokens: dict[str, int] = {}
 
     def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
@@ -245,10 +265,28 @@ class WorkflowScheduler(_RankedScheduler):
             members.add(wid)
         return members
 
-    def deferred(self, kv: KVManager, waiting: Sequence[E]) -> set[int]:
-        """Hold back requests of workflows outside the cohort (see :meth:`cohort`)."""
+    def deferred(
+        self, kv: KVManager, waiting: Sequence[E], prefill_share: float | None = None
+    ) -> set[int]:
+        """Hold back requests of workflows outside the cohort (see :meth:`cohort`) while
+        recompute keeps the GPU busy.
+
+        Holding back trades batch parallelism for cached contexts. That pays only while
+        prefill (mostly recompute of evicted contexts) is what the GPU spends its time on;
+        while decode dominates, running more workflows at once is worth more than their
+        contexts. So the cohort engages when ``prefill_share`` reaches
+        :attr:`engage_share` and lets go below :attr:`release_share` (hysteresis); an
+        engine that does not measure it (``None``) keeps the cohort engaged.
+        """
         if self.cohort_fill is None:
             return set()
+        if prefill_share is not None:
+            if self._engaged and prefill_share < self.release_share:
+                self._engaged = False
+            elif not self._engaged and prefill_share >= self.engage_share:
+                self._engaged = True
+            if not self._engaged:
+                return set()
         members = self.cohort(kv, waiting)
         return {
             id(e)

@@ -4,7 +4,8 @@
 workflows with real SmolLM2 token ids. Apps: ``codegen`` (Planner → Coder → Tester with
 an Analyzer retry loop), ``hover`` (multi-hop claim verification, 2–4 hops per claim),
 ``swebench`` (a manager-selected group chat resolving GitHub issues, with tool gaps),
-``financebench`` (a static five-agent crew over a 10-K excerpt), ``taubench`` (replay
+``financebench`` (a static five-agent crew over a 10-K excerpt), ``groupchat`` (a
+selector group chat that keeps naming one member), ``taubench`` (replay
 of the τ-bench airline trajectories) and ``mooncake`` (the Mooncake conversation trace
 replayed as unlabeled traffic, open loop).
 """
@@ -29,6 +30,7 @@ from pbkv.examples.codegen import (
 )
 from pbkv.examples.data import BUNDLED_DATA_DIR, DATA_DIR_ENV, find_data_dir, find_data_file
 from pbkv.examples.financebench import FinanceBenchApp, FinanceTask
+from pbkv.examples.groupchat import GroupChatApp
 from pbkv.examples.hover import MAX_REPLANS, HoverApp, HoverTask
 from pbkv.examples.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
@@ -55,6 +57,7 @@ __all__ = [
     "Episode",
     "FinanceBenchApp",
     "FinanceTask",
+    "GroupChatApp",
     "HoverApp",
     "HoverTask",
     "MooncakeApp",

@@ -38,6 +38,9 @@ class KVConfig:
         policy: a name from :data:`pbkv.kvmanager.policies.POLICIES`.
         horizon: forecast steps ``K`` used by the score.
         gamma: confidence decay of the score (paper Eq. 2).
+        beyond_horizon: add the score's tail past step ``K`` from each workflow's recent
+            call shares (:func:`~pbkv.kvmanager.scoring.agent_weights`), so a weak or
+            short forecast degrades toward recency instead of zero weight.
         bandwidth_bytes_per_s: host-to-GPU bandwidth, for the prefetch budget ``S_bw``.
     """
 
@@ -49,6 +52,7 @@ class KVConfig:
     horizon: int = 3
     gamma: float = 0.8
     bandwidth_bytes_per_s: float = 0.0
+    beyond_horizon: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +167,10 @@ class KVManager:
             clock=clock,
         )
         self.scores = ScoreBoard(
-            self.tree.reprioritize, config.gamma, reprioritize_all=self.tree.reprioritize_all
+            self.tree.reprioritize,
+            config.gamma,
+            reprioritize_all=self.tree.reprioritize_all,
+            beyond_horizon=config.beyond_horizon,
         )
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
@@ -223,11 +230,17 @@ class KVManager:
         """Return the GPU blocks a request holds at its peak (prompt + output)."""
         return math.ceil((prompt_tokens + max_new_tokens) / self.config.block_size)
 
-    def try_admit(self, request: AdmitRequest) -> Admission | None:
+    def try_admit(self, request: AdmitRequest, *, retired_only: bool = False) -> Admission | None:
         """Match, lease and reserve GPU space for ``request``, evicting as the policy says.
 
         Host-only matched blocks are loaded (the returned admission lists the loads to
         wait for); in-flight loads of the same blocks are joined, not repeated.
+
+        Args:
+            request: what to admit.
+            retired_only: make room from free and retired blocks only, never by evicting
+                active cache (a scheduler admitting work that is worth less than what is
+                cached, §7.0).
 
         Returns:
             The admission, or ``None`` when the GPU cannot hold the request now (it
@@ -252,7 +265,7 @@ class KVManager:
         match = self.tree.match_prefix(request.keys, request.namespace)
         lease = self.tree.lock(match.node)
         try:
-            admitted = self._reserve(match, total)
+            admitted = self._reserve(match, total, retired_only)
         except BaseException:
             self.tree.unlock(lease)
             raise
@@ -279,7 +292,7 @@ class KVManager:
         )
 
     def _reserve(
-        self, match: MatchResult, total: int
+        self, match: MatchResult, total: int, retired_only: bool = False
     ) -> tuple[list[LoadTransfer], list[int]] | None:
         """Make GPU room, start (or join) the loads of host-only matched nodes and take
         the private blocks; ``None`` when the request must wait."""
@@ -289,14 +302,14 @@ class KVManager:
             return None  # an in-flight load below a failed one: wait for it to finish
         matched = match.gpu_blocks + match.host_blocks
         need = sum(n.num_blocks for n in to_load) + total - matched
-        if not self._make_gpu_room(need):
+        if not self._make_gpu_room(need, retired_only):
             return None
         loads = self._joined_loads(host_nodes)
         if to_load:
             loads.append(self.tree.begin_load(to_load))
         return loads, self.tree.allocate_private("gpu", total - matched)
 
-    def _make_gpu_room(self, need_blocks: int) -> bool:
+    def _make_gpu_room(self, need_blocks: int, retired_only: bool = False) -> bool:
         short = need_blocks - self.tree.gpu.num_free
         if short > 0:
             # Evict only if it can succeed: a request that will be rejected anyway must not
@@ -306,7 +319,7 @@ class KVManager:
                 return False
             if self.belady is not None:
                 self.belady.refresh()
-            self.tree.evict("gpu", short)
+            self.tree.evict("gpu", short, retired_only=retired_only)
         return self.tree.can_allocate("gpu", need_blocks)
 
     def _joined_loads(self, nodes: Sequence[Node]) -> list[LoadTransfer]:
@@ -507,6 +520,7 @@ class KVManager:
 
     def on_agent_invoked(self, workflow_id: str, agent: str, step: int) -> None:
         """Note that ``workflow_id`` runs ``agent`` as its ``step``-th invocation (baselines)."""
+        self.scores.note_invocation(workflow_id, agent)
         if self.kvflow is not None:
             self.kvflow.on_agent_invoked(workflow_id, agent)
         if self.belady is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import mul
 
 import numpy as np
@@ -29,6 +29,10 @@ _SUM_LOW, _SUM_HIGH = 1.0 - ROW_SUM_TOLERANCE / 2, 1.0 + ROW_SUM_TOLERANCE / 2
 """Row sums in this range are accepted without numpy (see :func:`_fold`)."""
 ENDED_MEMORY = 65_536
 """Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
+CALL_SHARE_DECAY = 0.3
+"""Weight of the latest call in a workflow's call shares (:meth:`ScoreBoard.note_invocation`)."""
+MISS_RATE_DECAY = 0.02
+"""Weight of the latest call in :attr:`ScoreBoard.miss_rate`'s moving average."""
 
 
 def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
@@ -58,9 +62,25 @@ def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
 
 
 def agent_weights(
-    forecast: np.ndarray, agents: Sequence[str], gamma: float
+    forecast: np.ndarray,
+    agents: Sequence[str],
+    gamma: float,
+    call_shares: Mapping[str, float] | None = None,
+    tail_weight: float = 1.0,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """Fold a K-step forecast into per-agent reuse weights.
+
+    Past the horizon the forecast says nothing, yet an agent whose next call lies beyond
+    step K is often called again. With ``call_shares`` (the workflow's recent share of
+    calls per agent, :meth:`ScoreBoard.note_invocation`), each step ``k > K`` is taken to
+    call ``a`` with probability ``call_shares[a]`` and to end with the horizon's last END
+    probability ``e``, which adds the geometric tail (:func:`beyond_horizon_mass`)::
+
+        tail[a] = tail_weight * call_shares[a] * gamma^K s^(K+1) / (1 - gamma (1 - e))
+
+    So a context just computed never weighs nothing while its workflow runs, and the
+    more the forecasts have missed (``tail_weight``), the more the workflow's own call
+    history ranks its cache: a weak forecast leans toward recency, not toward zero.
 
     Plain Python over the rows for ``K <= 3`` (a forecast is a few rows of a few agents,
     where each numpy call costs more than the arithmetic); the weights are bit-for-bit
@@ -70,17 +90,39 @@ def agent_weights(
         forecast: shape ``(K, len(agents) + 1)``; END is the last column.
         agents: the column names.
         gamma: confidence decay in (0, 1].
+        call_shares: per agent, its share of the workflow's recent calls (summing to at
+            most 1); ``None`` or empty: no tail (Eq. 2 as the paper writes it).
+        tail_weight: scales the tail, in [0, 1] (:attr:`ScoreBoard.miss_rate`).
 
     Returns:
-        ``(u, next_step)``: ``u[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]`` (Eq. 2–4) and the
-        step-1 distribution ``P^(1)[a]`` (the prefetch value of §5.4).
+        ``(u, next_step)``: ``u[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]`` (Eq. 2–4) plus the
+        tail, and the step-1 distribution ``P^(1)[a]`` (the prefetch value of §5.4).
 
     Raises:
         ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
     u, first = _fold(forecast, len(agents), gamma)
-    # the END column is left out: zip stops at the last agent
-    return dict(zip(agents, u, strict=False)), dict(zip(agents, first, strict=False))
+    weights = dict(zip(agents, u, strict=False))  # the END column is left out
+    if call_shares:
+        _add_tail(weights, call_shares, tail_weight * beyond_horizon_mass(forecast, gamma))
+    return weights, dict(zip(agents, first, strict=False))
+
+
+def beyond_horizon_mass(forecast: np.ndarray, gamma: float) -> float:
+    """Return ``gamma^K s^(K+1) / (1 - gamma (1 - e))`` of a validated ``(K, |V|+1)``
+    forecast: the discounted steps past the horizon, each ending with the last row's END
+    probability ``e`` (see :func:`agent_weights`)."""
+    ends = np.asarray(forecast, dtype=np.float64)[:, -1].tolist()
+    alive = 1.0
+    for end in ends:
+        alive *= 1.0 - end
+    return gamma ** len(ends) * alive / (1.0 - gamma * (1.0 - ends[-1]))
+
+
+def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass: float) -> None:
+    for agent, share in call_shares.items():
+        if agent in weights:
+            weights[agent] += mass * share
 
 
 def _fold(forecast: np.ndarray, n_agents: int, gamma: float) -> tuple[list[float], list[float]]:
@@ -152,6 +194,9 @@ class ScoreBoard:
         ended_memory: terminated workflow ids remembered, >= 1.
         reprioritize_all: called with an iterable of such nodes at once (a forecast's
             groups); default: ``reprioritize`` on each.
+        beyond_horizon: add the score's tail past the horizon from each workflow's recent
+            call shares, weighted by :attr:`miss_rate` (see :func:`agent_weights`);
+            ``False``: Eq. 2 as the paper writes it.
     """
 
     def __init__(
@@ -161,6 +206,7 @@ class ScoreBoard:
         *,
         ended_memory: int = ENDED_MEMORY,
         reprioritize_all: Callable[[Iterable[Node]], None] | None = None,
+        beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
@@ -168,6 +214,11 @@ class ScoreBoard:
             raise ValueError(f"ended_memory must be >= 1, got {ended_memory}")
         self.ended_memory = ended_memory
         self.gamma = gamma
+        self.beyond_horizon = beyond_horizon
+        self.miss_rate = 1.0
+        """Moving average of ``1 - P^(1)[agent]`` over the calls a step-1 forecast named
+        beforehand: how much the forecasts miss (1 until checked)."""
+        self._call_shares: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
         self._reprioritize_all = reprioritize_all or self._each
         self._weights: dict[str, dict[str, float]] = {}
@@ -214,6 +265,26 @@ class ScoreBoard:
         self._groups.setdefault(workflow_id, {})
         self._weights.setdefault(workflow_id, {})
         self._next.setdefault(workflow_id, {})
+
+    def note_invocation(self, workflow_id: str, agent: str) -> None:
+        """Note that ``workflow_id`` calls ``agent``: check the step-1 forecast made before
+        the call (:attr:`miss_rate`) and count the call in the workflow's recent call
+        shares, a moving average of one-hot calls (the latest weighs
+        :data:`CALL_SHARE_DECAY`, the first 1), which the next forecast's tail reads.
+        """
+        if workflow_id in self._ended:
+            return
+        predicted = self._next.get(workflow_id)
+        if predicted:
+            miss = 1.0 - min(1.0, max(0.0, predicted.get(agent, 0.0)))
+            self.miss_rate += MISS_RATE_DECAY * (miss - self.miss_rate)
+        shares = self._call_shares.get(workflow_id)
+        if shares is None:
+            self._call_shares[workflow_id] = {agent: 1.0}
+            return
+        for name in shares:
+            shares[name] *= 1.0 - CALL_SHARE_DECAY
+        shares[agent] = shares.get(agent, 0.0) + CALL_SHARE_DECAY
 
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
@@ -274,6 +345,9 @@ class ScoreBoard:
             self.start(workflow_id)
         old = self._weights[workflow_id]
         self._weights[workflow_id] = new = dict(zip(agents, u, strict=False))  # END left out
+        shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
+        if shares:
+            _add_tail(new, shares, self.miss_rate * beyond_horizon_mass(forecast, self.gamma))
         self._next[workflow_id] = dict(zip(agents, first, strict=False))
         # u_new[a] - u_old[a] once per agent, not once per node and agent; a node's delta
         # sums them in its set's order, as the per-node sum always did
@@ -305,6 +379,7 @@ class ScoreBoard:
             self._ended.popitem(last=False)
         weights = self._weights.pop(workflow_id, {})
         self._next.pop(workflow_id, None)
+        self._call_shares.pop(workflow_id, None)
         self._groups.pop(workflow_id, None)
         self._ordinal.pop(workflow_id, None)
         for node in self._nodes.pop(workflow_id, set()):

@@ -119,6 +119,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             return
         kv_tokens = sum(e.prompt_tokens + e.generated for e in decoding)
         step_s = self.cost.step_s([(n, e.prefill_pos) for e, n in chunks], len(decoding), kv_tokens)
+        decode_s = self.cost.step_s([], len(decoding), kv_tokens) if decoding else 0.0
+        self._note_busy(step_s, step_s - decode_s if chunks else 0.0)  # prefill's marginal time
         if not chunks and not self._waiting:
             self._prefetch(step_s)  # idle space and idle bandwidth only (§5.4)
         await trio.sleep(step_s)
@@ -129,7 +131,9 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             self.kv.check_integrity()
 
     async def _idle(self) -> None:
+        started_s = now_s()
         await self._wait_for_work(min(self._pending_loads.values(), default=math.inf))
+        self._note_idle(now_s() - started_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission

@@ -48,7 +48,7 @@ def hold(kv, blocks):
     return kv.try_admit(AdmitRequest(keys=keys, prompt_tokens=len(keys), max_new_tokens=1))
 
 
-def admit(scheduler, kv, waiting, slots=8, running=0):
+def admit(scheduler, kv, waiting, slots=8, running=0, prefill_share=None):
     admitted = []
     scheduler.admit(
         kv,
@@ -57,6 +57,7 @@ def admit(scheduler, kv, waiting, slots=8, running=0):
         on_admit=lambda e, adm: admitted.append(e.request.request_id),
         on_reject=lambda e, err: admitted.append(f"rejected {e.request.request_id}"),
         running=running,
+        prefill_share=prefill_share,
     )
     return admitted
 
@@ -106,20 +107,53 @@ def test_workflow_scheduler_admits_oldest_workflow_first_and_cached_requests_ahe
     assert admit(scheduler, kv, waiting) == ["w2-warm", "w0-cold", "w1-cold", "w2-cold"]
 
 
-def test_cohort_holds_younger_workflows_while_the_gpu_is_busy():
-    kv = manager(gpu=16, host=0)  # half of 16 tokens: a 3- and a 6-token context do not fit
+def cohort_setup():
+    """w0 (older) has 10 active blocks cached on a 16-block GPU; w1's 6-token request
+    fits only by evicting them, w0's 3-token one fits beside them."""
+    kv = manager(gpu=16, host=0)
+    for w in ("w0", "w1"):
+        kv.on_workflow_started(w)
+    context = list(range(20, 30))
+    adm = kv.try_admit(AdmitRequest(context, len(context), 1, "w0", "a"))
+    kv.commit(adm, context)
+    kv.release(adm)
+    waiting = deque(
+        [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
+    )
+    return kv, waiting
+
+
+def test_cohort_holds_younger_workflows_while_recompute_keeps_the_gpu_busy():
+    kv, waiting = cohort_setup()
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    assert scheduler.cohort(kv, waiting) == {"w0"}
+    assert admit(scheduler, kv, waiting, running=1, prefill_share=0.9) == ["w0"]  # w1 waits
+    assert admit(scheduler, kv, waiting, running=1, prefill_share=0.4) == []  # hysteresis
+    assert admit(scheduler, kv, waiting, running=0, prefill_share=0.4) == ["w1"]  # idle GPU
+    with pytest.raises(ValueError, match="cohort_fill"):
+        WorkflowScheduler(cohort_fill=0.0)
+    with pytest.raises(ValueError, match="release_share"):
+        WorkflowScheduler(engage_share=0.2, release_share=0.3)
+
+
+def test_cohort_lets_go_while_decode_dominates_and_when_unmeasured_it_holds():
+    kv, waiting = cohort_setup()
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    assert admit(scheduler, kv, waiting, running=1, prefill_share=0.1) == ["w0", "w1"]
+    kv, waiting = cohort_setup()
+    assert admit(WorkflowScheduler(cohort_fill=0.5), kv, waiting, running=1) == ["w0"]
+
+
+def test_a_held_request_that_fits_in_free_space_is_admitted():
+    kv = manager(gpu=16, host=0)
     for w in ("w0", "w1"):
         kv.on_workflow_started(w)
     waiting = deque(
         [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
     )
     scheduler = WorkflowScheduler(cohort_fill=0.5)
-    assert scheduler.cohort(kv, waiting) == {"w0"}
-    assert admit(scheduler, kv, waiting, running=1) == ["w0"]  # w1 waits its turn
-    assert admit(scheduler, kv, waiting, running=1) == []
-    assert admit(scheduler, kv, waiting, running=0) == ["w1"]  # an idle GPU takes it
-    with pytest.raises(ValueError, match="cohort_fill"):
-        WorkflowScheduler(cohort_fill=0.0)
+    assert scheduler.cohort(kv, waiting) == {"w0"}  # w1 is outside the cohort, yet
+    assert admit(scheduler, kv, waiting, running=1) == ["w0", "w1"]  # costs no cached block
 
 
 def test_queued_prefixes_are_evicted_last_under_pbkv():

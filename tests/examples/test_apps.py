@@ -6,6 +6,7 @@ from pbkv.examples import (
     App,
     CodegenApp,
     FinanceBenchApp,
+    GroupChatApp,
     HoverApp,
     SwebenchApp,
     TauBenchApp,
@@ -14,6 +15,7 @@ from pbkv.examples import (
     register_app,
     validate_path,
 )
+from pbkv.examples.groupchat import MAX_ROUNDS
 from pbkv.examples.sampling import spawn_rngs
 from pbkv.live import START, LiveTask, Simulated
 from pbkv.live import App as LiveApp
@@ -24,6 +26,7 @@ from . import checks
 APPS = {
     "codegen": CodegenApp,
     "financebench": FinanceBenchApp,
+    "groupchat": GroupChatApp,
     "hover": HoverApp,
     "swebench": SwebenchApp,
     "taubench": TauBenchApp,
@@ -36,11 +39,13 @@ class PromptLayout(NamedTuple):
     preamble_tokens: tuple[int, int]
     task_heading: str
     first_speaker: str
+    role_tokens: tuple[int, int] = (300, 800)
 
 
 LAYOUTS = {
     "codegen": PromptLayout((1500, 2500), "Task", "Planner"),
     "financebench": PromptLayout((1000, 2000), "Task", "Researcher"),
+    "groupchat": PromptLayout((600, 1500), "Request", "Selector", (30, 120)),
     "hover": PromptLayout((1000, 2000), "Task", "Decomposer"),
     "swebench": PromptLayout((1000, 2000), "Issue", "Manager"),
 }
@@ -129,7 +134,7 @@ def test_preamble_is_shared_and_roles_are_distinct(sample):
     name, workflows = sample
     agents = get_app(name).agents
     checks.assert_preamble_shared_and_roles_distinct(
-        workflows, agents, LAYOUTS[name].preamble_tokens
+        workflows, agents, LAYOUTS[name].preamble_tokens, LAYOUTS[name].role_tokens
     )
 
 
@@ -210,3 +215,18 @@ def test_a_capped_node_lets_the_agent_before_it_end_the_workflow():
     (workflow,) = app.generate(1, 0)
     assert (workflow.agents, workflow.end_reason) == (("a", "b") * 2 + ("a",), "recursion_limit")
     validate_path(app, workflow.agents)
+
+
+def test_groupchat_selector_keeps_naming_the_favourite_and_alternates_with_it():
+    workflows = get_app("groupchat").generate(60, 0)
+    shares = []
+    for wf in workflows:
+        agents = [s.agent for s in wf.steps]
+        members = agents[1::2]
+        assert agents[0] == "selector"
+        assert agents[-1] == "selector" or len(members) == MAX_ROUNDS  # TERMINATE, or the cap
+        assert agents[::2] == ["selector"] * len(agents[::2])  # selector, member, selector...
+        favourite = wf.task_features["favourite"]
+        shares.append(members.count(favourite) / len(members))
+    assert sum(shares) / len(shares) > 0.7  # stickiness is drawn in [0.6, 0.95]
+    assert min(len(wf.steps) for wf in workflows) >= 7  # MIN_ROUNDS member turns at least

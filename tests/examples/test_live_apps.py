@@ -17,6 +17,7 @@ CASES = {  # (seed, workflow indices): a few each, with the capped ones included
     "hover": (0, (0, 1, 2)),
     "swebench": (0, (1, 3)),  # 1 ends with recursion_limit
     "financebench": (0, (0, 1)),
+    "groupchat": (0, (0, 1)),
     "taubench": (0, (0,)),
 }
 

@@ -317,3 +317,46 @@ def test_a_late_touch_retires_what_it_cached(clock):
     mgr.on_workflow_started("v")
     run(mgr, clock, [1, 2, 3, 4], "v", "coder")  # an active workflow's use revives it
     assert not late.retired and set(late.accessors) == {"v"}
+
+
+# -- past the horizon (issue 13 item 8) ---------------------------------------------------
+
+
+def test_the_tail_past_the_horizon_by_hand():
+    forecast = np.array([[0.0, 0.9, 0.0, 0.1], [0.5, 0.0, 0.4, 0.1]])
+    plain, _ = agent_weights(forecast, AGENTS, gamma=0.5)
+    u, _ = agent_weights(forecast, AGENTS, gamma=0.5, call_shares={"tester": 0.6}, tail_weight=0.5)
+    # s^(3) = .9 * .9; mass = .5^2 * .81 / (1 - .5 * .9)
+    mass = 0.25 * 0.81 / 0.55
+    assert u["tester"] == pytest.approx(plain["tester"] + 0.5 * 0.6 * mass, abs=1e-12)
+    assert u["planner"] == plain["planner"] and u["coder"] == plain["coder"]
+    assert agent_weights(forecast, AGENTS, 0.5, {"tester": 0.6}, tail_weight=0.0)[0] == plain
+
+
+def test_a_context_whose_next_call_lies_past_the_horizon_keeps_weight(clock):
+    scores = {}
+    for beyond in (True, False):
+        mgr = make_manager(clock, "he", gpu=64, host=0, beyond_horizon=beyond)
+        mgr.on_workflow_started("w1")
+        mgr.on_agent_invoked("w1", "tester", 0)
+        run(mgr, clock, [1, 2, 3], "w1", "tester")
+        # the forecast sees only planner and coder for K = 2 steps: tester lies beyond
+        mgr.on_forecast("w1", np.array([row(planner=1.0), row(coder=1.0)]), AGENTS)
+        scores[beyond] = mgr.tree.match_prefix([1, 2, 3]).node.score
+    assert scores[False] == 0.0  # Eq. 2 as written: the context it just computed weighs nothing
+    assert scores[True] > 0.0
+
+
+def test_the_tail_follows_how_often_the_forecasts_miss(clock):
+    mgr = make_manager(clock, "he", gpu=64, host=0)
+    board = mgr.scores
+    mgr.on_workflow_started("w1")
+    assert board.miss_rate == 1.0  # unchecked forecasts get no trust
+    for step in range(100):  # forecasts that name the next agent
+        mgr.on_forecast("w1", np.array([row(coder=1.0)]), AGENTS)
+        mgr.on_agent_invoked("w1", "coder", step)
+    right = board.miss_rate
+    for step in range(100, 200):  # forecasts that never do
+        mgr.on_forecast("w1", np.array([row(planner=1.0)]), AGENTS)
+        mgr.on_agent_invoked("w1", "coder", step)
+    assert right < 0.2 < 0.8 < board.miss_rate <= 1.0
