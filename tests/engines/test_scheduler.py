@@ -248,3 +248,13 @@ def test_a_full_batch_retracts_one_younger_request_for_the_oldest():
     waiting = deque([entry("w0-next", [1], workflow="w0"), entry("w2-next", [21], workflow="w2")])
     scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
     assert admit_retracting(scheduler, kv, waiting, running, slots=0) == (["w0-next"], ["w2-run"])
+
+
+def test_workflow_retract_is_the_workflow_scheduler_with_retraction_on():
+    on, off = get_scheduler("workflow-retract"), get_scheduler("workflow")
+    assert (on.name, on.preempt, off.name, off.preempt) == (
+        "workflow-retract",
+        True,
+        "workflow",
+        False,
+    )
