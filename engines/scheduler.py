@@ -18,14 +18,15 @@ policy. Three schedulers, by name:
 overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
 is admitted, so no request starves.
 
-``workflow`` also *retracts* (SGLang's word; vLLM's preemption by recompute): when the
-request that must go next (a starving one, or the best ranked) does not fit, running
-requests of younger workflows are paused to make room, youngest first. The engine
-commits what each computed (so its KV stays cached, and under pressure is demoted to
-the host tier by ordinary eviction rather than dropped), releases its lease and
-reservation, and queues it again to resume from its prompt plus the tokens it had
-generated. A request is retracted at most ``max_retractions`` times, and only when the
-retraction certainly makes the waiting request fit.
+``workflow`` can also *retract* (``preempt=True``, registered as ``workflow-retract``;
+SGLang's word, vLLM's preemption by recompute): when the request that must go next (a
+starving one, or the best ranked) does not fit, running requests of younger workflows
+are paused to make room, youngest first. The engine commits what each computed (so its
+KV stays cached, and under pressure is demoted to the host tier by ordinary eviction
+rather than dropped), releases its lease and reservation, and queues it again to resume
+from its prompt plus the tokens it had generated. A request is retracted at most
+``max_retractions`` times, and only when the retraction certainly makes the waiting
+request fit.
 """
 
 from __future__ import annotations
@@ -45,12 +46,13 @@ R = TypeVar("R", bound=Running)
 DEFAULT_MAX_BYPASS = 32
 """Times a queued request may be overtaken before it blocks everything behind it."""
 
-DEFAULT_COHORT_FILL = 0.46
-"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured on
-hover (144 workflows, c=72, pbkv / lru:workflow mean latency, s): 0.30: 768.5;
+DEFAULT_COHORT_FILL = 0.5
+"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured,
+pbkv / lru:workflow mean latency in s, hover 144 workflows at c=72: 0.30: 768.5;
 0.35: 731.5; 0.40: 706.2 / 794.7; 0.42: 700.4 / 794.5; 0.45: 700.7 / 799.9;
-0.46: 698.3 / 813.8; 0.47: 705.2 / 816.8; 0.50: 712.5 / 837.2. Too small a cohort idles
-the GPU, too large makes reuse cyclic."""
+0.46: 698.3 / 813.8; 0.47: 705.2 / 816.8; 0.50: 712.5 / 837.2 (too small a cohort
+idles the GPU, too large makes reuse cyclic). 0.46 would give pbkv 1.515x lru there,
+but swebench at c=24 (96 workflows) wants more: pbkv 358.96 s at 0.46, 352.86 s at 0.5."""
 
 DEFAULT_MAX_RETRACTIONS = 2
 """Times one request may be retracted (paused and requeued) before it runs to its end."""
@@ -129,6 +131,7 @@ class _RankedScheduler:
     """
 
     name = ""
+    preempt = False  # whether :meth:`victims` may name any
 
     def __init__(self, max_bypass: int = DEFAULT_MAX_BYPASS) -> None:
         if max_bypass < 0:
@@ -157,7 +160,7 @@ class _RankedScheduler:
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
         note_waiting(kv, waiting)
-        candidates = list(retractable) if on_retract is not None else []
+        candidates = list(retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
         held = self.deferred(kv, waiting)
@@ -247,10 +250,10 @@ class WorkflowScheduler(_RankedScheduler):
 
     With ``preempt``, a request that goes next and does not fit retracts running
     requests of younger workflows (see :meth:`victims`). Off by default: measured on
-    hover (144 workflows, c=72, pbkv) it costs more than it gains (764.99 s mean latency
-    with it, 712.54 s without; a retraction shrinks the decode batch and its KV is
-    reloaded or recomputed, and under closed-loop load latency follows throughput, not
-    the order workflows are served in).
+    hover (144 workflows, c=72, pbkv) it costs more than it gains (mean latency 764.99 s
+    with it, 712.54 s without; at ``cohort_fill=0.46`` 717.22 s against 698.27 s): a
+    retraction shrinks the decode batch and its KV is reloaded or recomputed, and under
+    closed-loop load latency follows throughput, not the order workflows are served in.
 
     Args:
         max_bypass: see :class:`_RankedScheduler`.
@@ -302,8 +305,6 @@ class WorkflowScheduler(_RankedScheduler):
 
         Does not modify the cache.
         """
-        if not self.preempt:
-            return []
         age = _age(kv, entry)
         younger = [
             r
