@@ -11,17 +11,29 @@ from pbkv.kvmanager import Admission, AdmitRequest, KVManager
 
 
 class Waiting(Protocol):
-    """A queued request: what it asks for and its prompt's block keys."""
+    """A queued request: what it asks for, its prompt's block keys, and how many times
+    it was retracted (``> 0``: ``request`` resumes it, prompt = its prompt plus the
+    tokens it had generated)."""
 
     request: GenerateRequest
     keys: list[int]
+    retractions: int
+
+
+class Running(Waiting, Protocol):
+    """A running request: a queued one plus its hold on the cache."""
+
+    admission: Admission | None
 
 
 E = TypeVar("E", bound=Waiting)
 
 
-def admit_request(request: GenerateRequest, keys: list[int]) -> AdmitRequest:
-    """Return the KV manager's view of an engine request."""
+def admit_request(
+    request: GenerateRequest, keys: list[int], *, resumed: bool = False
+) -> AdmitRequest:
+    """Return the KV manager's view of an engine request (``resumed``: a retracted
+    request coming back, see :attr:`AdmitRequest.resumed`)."""
     return AdmitRequest(
         keys=keys,
         prompt_tokens=len(request.prompt_token_ids),
@@ -30,7 +42,13 @@ def admit_request(request: GenerateRequest, keys: list[int]) -> AdmitRequest:
         agent=request.agent,
         namespace=request.namespace,
         fixed_prefix_tokens=request.fixed_prefix_tokens,
+        resumed=resumed,
     )
+
+
+def admission_of(entry: Waiting) -> AdmitRequest:
+    """Return the KV manager's view of a queued entry (a resumption if it was retracted)."""
+    return admit_request(entry.request, entry.keys, resumed=entry.retractions > 0)
 
 
 def admit_fcfs(
@@ -52,7 +70,7 @@ def admit_fcfs(
     while waiting and free_slots > 0:
         entry = waiting[0]
         try:
-            admission = kv.try_admit(admit_request(entry.request, entry.keys))
+            admission = kv.try_admit(admission_of(entry))
         except ValueError as exc:
             waiting.popleft()
             on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))

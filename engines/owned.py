@@ -4,11 +4,14 @@ request's result (§7)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+import numpy as np
 import trio
 
 from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
@@ -27,8 +30,14 @@ class Queued:
         submit_s: when it was queued.
         done: set once ``result`` or ``error`` is.
         admission: the KV manager's admission, once admitted.
-        admit_s / first_token_s: when it was admitted, and produced its first token.
-        streamed: output tokens already handed to ``request.on_token``.
+        admit_s / first_token_s: when it was first admitted, and produced its first
+            token (a retraction changes neither).
+        streamed: tokens of the current run's output already handed to
+            ``request.on_token`` (the carried ones were handed before).
+        retractions: times the request was retracted (§7.0).
+        origin: the caller's request once ``request`` resumes it (prompt + ``carried``).
+        carried: output tokens generated before the last retraction, in order.
+        first_admission: the first admission (what the result reports as cached).
     """
 
     request: GenerateRequest
@@ -41,10 +50,20 @@ class Queued:
     result: GenerateResult | None = None
     error: BaseException | None = None
     streamed: int = 0
+    retractions: int = 0
+    origin: GenerateRequest | None = None
+    carried: tuple[int, ...] = ()
+    first_admission: Admission | None = None
 
     @property
     def prompt_tokens(self) -> int:
+        """Tokens of the prompt being prefilled (a resumption's includes ``carried``)."""
         return len(self.request.prompt_token_ids)
+
+    @property
+    def asked(self) -> GenerateRequest:
+        """The caller's request."""
+        return self.origin if self.origin is not None else self.request
 
 
 E = TypeVar("E", bound=Queued)
@@ -57,8 +76,10 @@ class OwnedCacheEngine(Generic[E]):
     """Queue requests, admit them in the scheduler's order, and hand each caller its result.
 
     Subclasses implement one scheduler step (:meth:`_step`), name their per-request
-    state (``entry_type``, a :class:`Queued`) and take an admitted request in
-    (:meth:`_start`).
+    state (``entry_type``, a :class:`Queued`), take an admitted request in
+    (:meth:`_start`), and, for a scheduler that retracts, say which running requests
+    can be paused now (:meth:`_retractable`) and commit what one computed
+    (:meth:`_pause`).
 
     Args:
         kv: the KV manager whose radix tree is the engine's allocator.
@@ -92,6 +113,7 @@ class OwnedCacheEngine(Generic[E]):
         # None where the engine does not measure it. The workflow scheduler holds back
         # requests to keep contexts cached only while recompute is what the GPU is busy with.
         self.prefill_share: float | None = None
+        self._retractions = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the scheduler loop until cancelled.
@@ -208,10 +230,78 @@ class OwnedCacheEngine(Generic[E]):
             self.kv,
             self._waiting,
             self.max_batch_size - len(self._running),
-            on_admit=self._start,
+            on_admit=self._admitted,
             on_reject=self._fail,
             running=len(self._running),
             prefill_share=self.prefill_share,
+            retractable=self._retractable(),
+            on_retract=self._retract,
+        )
+
+    def _admitted(self, entry: E, admission: Admission) -> None:
+        if entry.first_admission is None:
+            entry.first_admission = admission
+            entry.admit_s = now_s()
+        self._start(entry, admission)
+
+    def _retractable(self) -> list[E]:
+        """Return the running requests that may be retracted now (none by default)."""
+        return []
+
+    def _retract(self, entry: E) -> None:
+        """Pause a running request and queue it again to resume where it stopped (§7.0).
+
+        What it computed is committed to the tree (by :meth:`_pause`), its lease and
+        unused reservation are released, and it rejoins the queue as a resumption:
+        prompt = its prompt plus every token generated so far, decode budget = what is
+        left. Tokens already streamed are not streamed again.
+
+        Mutates: the running batch, the queue, the KV manager.
+        """
+        admission = entry.admission
+        assert admission is not None and not entry.done.is_set()
+        output = self._pause(entry)
+        self.kv.release(admission)
+        self._running.remove(entry)
+        self._retractions += 1
+        entry.retractions += 1
+        entry.streamed = 0
+        if output:
+            asked = entry.asked
+            entry.carried += tuple(output)
+            entry.origin = asked
+            entry.request = resumption(asked, entry.carried)
+            bs = self.kv.config.block_size
+            entry.keys = block_keys(
+                entry.request.prompt_token_ids, bs, asked.namespace, known=entry.keys
+            )
+        self._waiting.append(entry)
+
+    def _pause(self, entry: E) -> list[int]:
+        """Commit what ``entry`` computed; reset its run state; return its new output.
+
+        Mutates: the KV manager (commit only; the shell releases).
+        """
+        raise NotImplementedError
+
+    def _result(
+        self, entry: E, output: Sequence[int], now: float, hidden: np.ndarray | None = None
+    ) -> GenerateResult:
+        """Return ``entry``'s result: ``carried`` + ``output``, cache figures of its first
+        admission, times from its submission."""
+        first = entry.first_admission
+        assert first is not None
+        return GenerateResult(
+            request_id=entry.asked.request_id,
+            output_token_ids=entry.carried + tuple(output),
+            prompt_tokens=len(entry.asked.prompt_token_ids),
+            cached_gpu_tokens=first.cached_gpu_tokens,
+            cached_host_tokens=first.cached_host_tokens,
+            computed_tokens=first.computed_tokens,
+            queue_s=entry.admit_s - entry.submit_s,
+            ttft_s=entry.first_token_s - entry.submit_s,
+            e2e_s=now - entry.submit_s,
+            hidden=hidden,
         )
 
     def _note_busy(self, step_s: float, prefill_s: float) -> None:
@@ -259,5 +349,24 @@ class OwnedCacheEngine(Generic[E]):
         raise NotImplementedError
 
 
+def resumption(request: GenerateRequest, carried: tuple[int, ...]) -> GenerateRequest:
+    """Return the request that resumes ``request`` after it generated ``carried``.
+
+    Its prompt is ``request``'s plus ``carried`` (one more segment), its decode budget
+    what is left, its scripted output the rest; ``carried`` must be shorter than
+    ``max_new_tokens``.
+    """
+    n = len(carried)
+    assert 0 < n < request.max_new_tokens
+    segments = request.segment_lengths
+    return dataclasses.replace(
+        request,
+        prompt_token_ids=request.prompt_token_ids + carried,
+        max_new_tokens=request.max_new_tokens - n,
+        segment_lengths=(*segments, n) if segments else (),
+        scripted_output_token_ids=request.scripted_output_token_ids[n:],
+    )
+
+
 def _cancelled(entry: Queued) -> EngineError:
-    return EngineError(f"request {entry.request.request_id}: cancelled by its caller")
+    return EngineError(f"request {entry.asked.request_id}: cancelled by its caller")

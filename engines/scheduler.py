@@ -17,6 +17,16 @@ policy. Three schedulers, by name:
 ``lpm`` and ``workflow`` try requests past one that does not fit (bypass), but a request
 overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
 is admitted, so no request starves.
+
+``workflow`` can also *retract* (``preempt=True``, registered as ``workflow-retract``;
+SGLang's word, vLLM's preemption by recompute): when the request that must go next (a
+starving one, or the best ranked) does not fit, running requests of younger workflows
+are paused to make room, youngest first. The engine commits what each computed (so its
+KV stays cached, and under pressure is demoted to the host tier by ordinary eviction
+rather than dropped), releases its lease and reservation, and queues it again to resume
+from its prompt plus the tokens it had generated. A request is retracted at most
+``max_retractions`` times, and only when the retraction certainly makes the waiting
+request fit.
 """
 
 from __future__ import annotations
@@ -25,15 +35,27 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from pbkv.engines.admission import Waiting, admit_fcfs, admit_request
+from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs, admit_request
 from pbkv.engines.base import EngineError
 from pbkv.kvmanager import Admission, KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
 
 E = TypeVar("E", bound=Waiting)
+R = TypeVar("R", bound=Running)
 
 DEFAULT_MAX_BYPASS = 32
 """Times a queued request may be overtaken before it blocks everything behind it."""
+
+DEFAULT_COHORT_FILL = 0.5
+"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured,
+pbkv / lru:workflow mean latency in s, hover 144 workflows at c=72: 0.30: 768.5;
+0.35: 731.5; 0.40: 706.2 / 794.7; 0.42: 700.4 / 794.5; 0.45: 700.7 / 799.9;
+0.46: 698.3 / 813.8; 0.47: 705.2 / 816.8; 0.50: 712.5 / 837.2 (too small a cohort
+idles the GPU, too large makes reuse cyclic). 0.46 would give pbkv 1.515x lru there,
+but swebench at c=24 (96 workflows) wants more: pbkv 358.96 s at 0.46, 352.86 s at 0.5."""
+
+DEFAULT_MAX_RETRACTIONS = 2
+"""Times one request may be retracted (paused and requeued) before it runs to its end."""
 
 
 class Scheduler(Protocol):
@@ -51,11 +73,18 @@ class Scheduler(Protocol):
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
         prefill_share: float | None = None,
+        retractable: Sequence[R] = (),
+        on_retract: Callable[[R], None] | None = None,
     ) -> None:
         """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU,
         which spent ``prefill_share`` of its recent time on prefill (``None``: unknown).
 
-        Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
+        A scheduler that retracts may pause some of ``retractable`` (running requests
+        the engine can pause now) through ``on_retract``, which must commit, release
+        and requeue the request (appending it to ``waiting``) before it returns.
+
+        Mutates: ``waiting`` (admitted and rejected entries leave it, retracted ones
+        join it) and the KV manager.
         """
         ...
 
@@ -81,7 +110,10 @@ class FCFSScheduler:
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
         prefill_share: float | None = None,
+        retractable: Sequence[R] = (),
+        on_retract: Callable[[R], None] | None = None,
     ) -> None:
+        """Admit in arrival order; never retracts (what SGLang's and vLLM's users get)."""
         note_waiting(kv, waiting)
         admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
 
@@ -102,6 +134,7 @@ class _RankedScheduler:
     """
 
     name = ""
+    preempt = False  # whether :meth:`victims` may name any
 
     def __init__(self, max_bypass: int = DEFAULT_MAX_BYPASS) -> None:
         if max_bypass < 0:
@@ -129,9 +162,12 @@ class _RankedScheduler:
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
         prefill_share: float | None = None,
+        retractable: Sequence[R] = (),
+        on_retract: Callable[[R], None] | None = None,
     ) -> None:
         note_waiting(kv, waiting)
-        if not waiting or free_slots <= 0:
+        candidates = list(retractable) if on_retract is not None and self.preempt else []
+        if not waiting or (free_slots <= 0 and not candidates):
             return
         held = self.deferred(kv, waiting, prefill_share)
         live = {id(e) for e in waiting}
@@ -141,16 +177,29 @@ class _RankedScheduler:
         first = {id(e) for e in starving}
         rest = [e for e in self.rank(kv, waiting) if id(e) not in first]
         admitted: list[E] = []
+        in_order = True  # every entry tried so far was admitted: this one goes next
         for entry in [*starving, *rest]:
-            if free_slots <= 0:
+            may_retract = in_order and bool(candidates)
+            if free_slots <= 0 and not may_retract:
                 break
             # Held back while other work keeps the GPU busy, unless it fits in free and
             # retired space: then it costs no cached context and keeps the batch full.
             spare_only = id(entry) in held and bool(running or admitted)
             try:
-                admission = kv.try_admit(
-                    admit_request(entry.request, entry.keys), retired_only=spare_only
+                admission = (
+                    kv.try_admit(admission_of(entry), retired_only=spare_only)
+                    if free_slots > 0
+                    else None
                 )
+                if admission is None and may_retract and not spare_only:
+                    assert on_retract is not None
+                    victims = self.victims(kv, entry, candidates, need_slot=free_slots <= 0)
+                    for victim in victims:
+                        candidates.remove(victim)
+                        on_retract(victim)
+                        free_slots += 1
+                    if victims:
+                        admission = kv.try_admit(admission_of(entry))
             except ValueError as exc:
                 waiting.remove(entry)
                 on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
@@ -158,6 +207,7 @@ class _RankedScheduler:
             if admission is None:
                 if spare_only:
                     continue
+                in_order = False
                 if self._bypassed.get(id(entry), 0) >= self.max_bypass:
                     break  # it goes next: keep what frees up for it
                 continue
@@ -166,6 +216,13 @@ class _RankedScheduler:
             admitted.append(entry)
             on_admit(entry, admission)
         self._count_bypasses(waiting, admitted, arrival)
+
+    def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
+        """Return the running requests to retract so that ``entry`` fits (none here).
+
+        Does not modify the cache.
+        """
+        return []
 
     def _count_bypasses(
         self, waiting: Sequence[E], admitted: Sequence[E], arrival: dict[int, int]
@@ -204,12 +261,24 @@ class WorkflowScheduler(_RankedScheduler):
     reads), then arrival. ``value_bands=1``
     ranks by age alone.
 
+    With ``preempt``, a request that goes next and does not fit retracts running
+    requests of younger workflows (see :meth:`victims`). Off by default: measured on
+    hover (144 workflows, c=72, pbkv) it costs more than it gains (mean latency 764.99 s
+    with it, 712.54 s without; at ``cohort_fill=0.46`` 717.22 s against 698.27 s): a
+    retraction shrinks the decode batch and its KV is reloaded or recomputed, and under
+    closed-loop load latency follows throughput, not the order workflows are served in.
+
     Args:
         max_bypass: see :class:`_RankedScheduler`.
         value_bands: bands of the cached share, >= 1.
+        cohort_fill: share of GPU + host capacity the cohort's contexts may fill
+            (``None``: no cohort, nothing held back), > 0.
+        preempt: retract younger workflows' running requests for the one that goes next.
+        max_retractions: times one request may be retracted, >= 0.
 
     Raises:
-        ValueError: ``value_bands < 1`` or negative ``max_bypass``.
+        ValueError: ``value_bands < 1``, ``cohort_fill <= 0``, or negative
+            ``max_bypass`` or ``max_retractions``.
     """
 
     name = "workflow"
@@ -218,9 +287,12 @@ class WorkflowScheduler(_RankedScheduler):
         self,
         max_bypass: int = DEFAULT_MAX_BYPASS,
         value_bands: int = 2,
-        cohort_fill: float | None = 0.5,
+        cohort_fill: float | None = DEFAULT_COHORT_FILL,
+        *,
         engage_share: float = 0.5,
         release_share: float = 0.3,
+        preempt: bool = False,
+        max_retractions: int = DEFAULT_MAX_RETRACTIONS,
     ) -> None:
         super().__init__(max_bypass)
         if not 0.0 <= release_share <= engage_share <= 1.0:
@@ -231,12 +303,55 @@ class WorkflowScheduler(_RankedScheduler):
             raise ValueError(f"value_bands must be >= 1, got {value_bands}")
         if cohort_fill is not None and cohort_fill <= 0:
             raise ValueError(f"cohort_fill must be > 0 or None, got {cohort_fill}")
+        if max_retractions < 0:
+            raise ValueError(f"max_retractions must be >= 0, got {max_retractions}")
         self.value_bands = value_bands
         self.cohort_fill = cohort_fill
         self.engage_share = engage_share
         self.release_share = release_share
         self._engaged = False
+        self.preempt = preempt
+        self.max_retractions = max_retractions
         self._context_tokens: dict[str, int] = {}
+
+    def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
+        """Return the running requests to retract so that ``entry`` fits.
+
+        Candidates are requests of workflows younger than ``entry``'s (a request outside
+        any workflow ranks youngest) retracted fewer than ``max_retractions`` times,
+        youngest workflow first, the latest admitted first within one. They are taken
+        until the blocks they would give back cover ``entry``'s shortfall
+        (:meth:`KVManager.release_gain` against :meth:`KVManager.gpu_shortfall`) and,
+        with ``need_slot``, at least one is taken; if all of them would not make it fit,
+        none is.
+
+        Does not modify the cache.
+        """
+        age = _age(kv, entry)
+        younger = [
+            r
+            for r in running
+            if r.admission is not None
+            and r.retractions < self.max_retractions
+            and _age(kv, r) > age
+        ]
+        if not younger:
+            return []
+        request = admission_of(entry)
+        short = kv.gpu_shortfall(request)
+        if short <= 0 and not need_slot:
+            return []  # it fits by blocks: something else keeps it out
+        everyone = [r.admission for r in younger if r.admission is not None]
+        if kv.release_gain(everyone, request) < short:
+            return []  # retracting them all would not make it fit
+        order = sorted(enumerate(younger), key=lambda ir: (-_age(kv, ir[1]), -ir[0]))
+        chosen: list[R] = []
+        for _, victim in order:
+            chosen.append(victim)
+            admissions = [v.admission for v in chosen if v.admission is not None]
+            if kv.release_gain(admissions, request) >= short:
+                return chosen
+        return []
 
     def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
         """Return the oldest active workflows whose contexts fit in the cache together.
@@ -309,10 +424,24 @@ class WorkflowScheduler(_RankedScheduler):
         return sorted(waiting, key=key)
 
 
+def _age(kv: KVManager, entry: Waiting) -> int:
+    """Return the start ordinal of ``entry``'s workflow (:data:`NO_WORKFLOW` if none)."""
+    wid = entry.request.workflow_id
+    return NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)
+
+
+def retracting_workflow_scheduler() -> WorkflowScheduler:
+    """Return the ``workflow`` scheduler with retraction on (``workflow-retract``)."""
+    scheduler = WorkflowScheduler(preempt=True)
+    scheduler.name = "workflow-retract"
+    return scheduler
+
+
 SCHEDULERS: dict[str, Callable[[], Scheduler]] = {
     "fcfs": FCFSScheduler,
     "lpm": LPMScheduler,
     "workflow": WorkflowScheduler,
+    "workflow-retract": retracting_workflow_scheduler,
 }
 
 

@@ -83,6 +83,9 @@ class AdmitRequest:
         namespace: tenant / cache salt.
         fixed_prefix_tokens: leading prompt tokens that are the agent's fixed prefix
             (shared preamble + role prompt), for KVFlow.
+        resumed: the re-admission of a retracted request (prompt = its prompt plus the
+            tokens it had generated): counted apart from requests, and not an access in
+            the offline bounds' log (it re-reads what the request itself computed).
     """
 
     keys: list[int]
@@ -92,6 +95,7 @@ class AdmitRequest:
     agent: str = ""
     namespace: str = ""
     fixed_prefix_tokens: int = 0
+    resumed: bool = False
 
 
 @dataclass(eq=False, slots=True)
@@ -133,6 +137,8 @@ class _Counters:
     prefetch_used_blocks: int = 0
     rejected_admissions: int = 0
     rejected_forecasts: int = 0
+    resumed_admissions: int = 0
+    resumed_computed_tokens: int = 0
 
 
 class KVManager:
@@ -276,7 +282,7 @@ class KVManager:
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
-        if self.access_log is not None:
+        if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
         bs = self.config.block_size
@@ -335,10 +341,14 @@ class KVManager:
     ) -> None:
         c = self._counters
         bs = self.config.block_size
-        c.requests += 1
-        c.prompt_tokens += request.prompt_tokens
-        c.cached_gpu_tokens += gpu_blocks * bs
-        c.cached_host_tokens += host_blocks * bs
+        if request.resumed:
+            c.resumed_admissions += 1
+            c.resumed_computed_tokens += request.prompt_tokens - (gpu_blocks + host_blocks) * bs
+        else:
+            c.requests += 1
+            c.prompt_tokens += request.prompt_tokens
+            c.cached_gpu_tokens += gpu_blocks * bs
+            c.cached_host_tokens += host_blocks * bs
         for node in path:
             if node.prefetched:
                 c.prefetch_used_blocks += node.num_blocks
@@ -453,6 +463,45 @@ class KVManager:
         admission.private_blocks = []
         self.tree.unlock(admission.lease)
 
+    def gpu_shortfall(self, request: AdmitRequest) -> int:
+        """Return GPU blocks ``request`` lacks now: what it needs beyond its GPU-cached
+        prefix, less the free blocks and the unleased cache outside that prefix.
+
+        An upper bound on what :meth:`try_admit` would have to find (host-only matched
+        blocks are counted as needing room even while a load of them is in flight); 0
+        when the request fits. Does not modify the manager.
+        """
+        path = self.tree.peek_path(request.keys, request.namespace)
+        gpu_matched, _ = self.tree.peek_prefix(request.keys, request.namespace)
+        own = sum(n.num_blocks for n in path if n.on_gpu and n.lock_count == 0)
+        evictable = self.tree.cached_blocks("gpu") - self.tree.leased_blocks("gpu") - own
+        need = self.blocks_needed(request.prompt_tokens, request.max_new_tokens) - gpu_matched
+        return max(0, need - self.tree.gpu.num_free - evictable)
+
+    def release_gain(self, admissions: Sequence[Admission], request: AdmitRequest) -> int:
+        """Return GPU blocks that become free or evictable for ``request`` once
+        ``admissions`` commit what they computed and are released (retraction, §7.0).
+
+        Their reserved blocks count (committed or freed, either way unleased), and so do
+        the GPU blocks of nodes only they lease, outside ``request``'s cached prefix.
+        A lower bound for :meth:`gpu_shortfall` to compare against. Does not modify the
+        manager.
+        """
+        own = {n.serial for n in self.tree.peek_path(request.keys, request.namespace)}
+        through: dict[int, tuple[Node, int]] = {}
+        gain = 0
+        for admission in admissions:
+            gain += len(admission.private_blocks)
+            walk: Node | None = admission.lease.node
+            while walk is not None and not walk.is_root:
+                _, n = through.get(walk.serial, (walk, 0))
+                through[walk.serial] = (walk, n + 1)
+                walk = walk.parent
+        for serial, (node, n) in through.items():
+            if node.lock_count == n and node.gpu_blocks is not None and serial not in own:
+                gain += len(node.gpu_blocks)
+        return gain
+
     def discard_host_blocks(self, host_blocks: set[int]) -> int:
         """Forget host copies held in ``host_blocks``: their device-to-host copy failed.
 
@@ -559,6 +608,8 @@ class KVManager:
             rejected_admissions=c.rejected_admissions,
             rejected_forecasts=c.rejected_forecasts,
             score_refreshed_nodes=self.scores.refreshed_nodes,
+            resumed_admissions=c.resumed_admissions,
+            resumed_computed_tokens=c.resumed_computed_tokens,
         )
 
     def check_integrity(self) -> None:

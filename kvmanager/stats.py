@@ -9,7 +9,10 @@ class KVStatistics(msgspec.Struct, frozen=True):
     """A snapshot of one KV manager's counters.
 
     Token counts are over admitted prompts; ``gpu_hit_rate`` = cached GPU tokens /
-    prompt tokens, ``host_hit_rate`` = cached host tokens / prompt tokens.
+    prompt tokens, ``host_hit_rate`` = cached host tokens / prompt tokens. A retracted
+    request's re-admission (its prompt plus the tokens it had generated, see
+    ``AdmitRequest.resumed``) is not a new request: it counts only in
+    ``resumed_admissions`` and ``resumed_computed_tokens`` (what it prefilled again).
     """
 
     policy: str
@@ -30,6 +33,8 @@ class KVStatistics(msgspec.Struct, frozen=True):
     rejected_admissions: int
     score_refreshed_nodes: int
     rejected_forecasts: int = 0
+    resumed_admissions: int = 0
+    resumed_computed_tokens: int = 0
 
     @property
     def gpu_hit_rate(self) -> float:

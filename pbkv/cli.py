@@ -72,10 +72,11 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--scheduler",
-        choices=("fcfs", "lpm", "workflow"),
+        choices=("fcfs", "lpm", "workflow", "workflow-retract"),
         default=None,
         help="admission scheduler for every policy not naming one (default: pbkv and "
-        "pbkv-aggressive run workflow, the others fcfs)",
+        "pbkv-aggressive run workflow, the others fcfs); workflow-retract also pauses "
+        "younger workflows' running requests for the one that must go next",
     )
     p.add_argument(
         "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import trio
 
-from pbkv.engines.base import GenerateRequest, GenerateResult
+from pbkv.engines.base import GenerateRequest
 from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.sim.costmodel import CostModel
@@ -42,7 +42,8 @@ class SimConfig:
 
 @dataclass(frozen=True, slots=True)
 class SimStatistics:
-    """Engine counters: steps, modelled busy time, tokens and host-link time."""
+    """Engine counters: steps, modelled busy time, tokens, host-link time, and running
+    requests retracted to admit another (§7.0)."""
 
     steps: int
     busy_s: float
@@ -50,13 +51,14 @@ class SimStatistics:
     decode_tokens: int
     link_busy_s: float
     prefetch_steps: int
+    retractions: int = 0
 
 
 @dataclass(eq=False)
 class _Entry(Queued):
     prefill_pos: int = 0
-    generated: int = 0
-    output: tuple[int, ...] = ()  # what it emits: the scripted tokens, padded
+    generated: int = 0  # tokens of ``output`` produced in this run
+    output: tuple[int, ...] = ()  # what this run emits: the scripted tokens, padded
 
 
 class SimEngine(OwnedCacheEngine[_Entry]):
@@ -103,6 +105,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             decode_tokens=self._decode_tokens,
             link_busy_s=self._link_busy_s,
             prefetch_steps=self._prefetch_steps,
+            retractions=self._retractions,
         )
 
     # -- one scheduler step -----------------------------------------------------------
@@ -137,7 +140,6 @@ class SimEngine(OwnedCacheEngine[_Entry]):
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
-        entry.admit_s = now_s()
         entry.output = _output_tokens(entry.request)
         cached = admission.cached_gpu_tokens + admission.cached_host_tokens
         entry.prefill_pos = min(cached, entry.prompt_tokens - 1)  # recompute >= 1 for logits
@@ -171,12 +173,12 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             if entry.prefill_pos >= entry.prompt_tokens:
                 assert entry.admission is not None
                 self.kv.commit(entry.admission, entry.keys)
-                entry.first_token_s = now
+                entry.first_token_s = entry.first_token_s or now  # a resumption keeps its own
                 entry.generated = 1
         for entry in decoding:
             entry.generated += 1
             self._decode_tokens += 1
-        for entry in [e for e in self._running if e.first_token_s]:
+        for entry in [e for e in self._running if e.generated]:
             if entry.request.on_token is not None:
                 self._stream(entry, entry.output[: entry.generated])
             if entry.generated >= entry.request.max_new_tokens:
@@ -195,18 +197,33 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         self.kv.commit(adm, keys)
         self.kv.release(adm)
         self._running.remove(entry)
-        entry.result = GenerateResult(
-            request_id=req.request_id,
-            output_token_ids=output,
-            prompt_tokens=entry.prompt_tokens,
-            cached_gpu_tokens=adm.cached_gpu_tokens,
-            cached_host_tokens=adm.cached_host_tokens,
-            computed_tokens=adm.computed_tokens,
-            queue_s=entry.admit_s - entry.submit_s,
-            ttft_s=entry.first_token_s - entry.submit_s,
-            e2e_s=now - entry.submit_s,
-        )
+        entry.result = self._result(entry, output, now)
         entry.done.set()
+
+    # -- retraction (§7.0) --------------------------------------------------------------
+
+    def _retractable(self) -> list[_Entry]:
+        """Running requests whose loads have landed (a commit needs its blocks resident)."""
+        return [e for e in self._running if self._loads_done(e)]
+
+    def _pause(self, entry: _Entry) -> list[int]:
+        """Commit the full blocks computed so far: the prefilled part of the prompt, or
+        the prompt and every generated token but the last (whose KV is not computed)."""
+        adm = entry.admission
+        assert adm is not None
+        bs = self.kv.config.block_size
+        output = list(entry.output[: entry.generated])
+        if output:
+            computed = entry.request.prompt_token_ids + tuple(output[:-1])
+            keys = block_keys(computed, bs, entry.request.namespace, known=entry.keys)
+        else:
+            keys = entry.keys[: entry.prefill_pos // bs]
+        if len(keys) > adm.committed_blocks:
+            self.kv.commit(adm, keys)
+        entry.prefill_pos = 0
+        entry.generated = 0
+        entry.output = ()
+        return output
 
     # -- host link ------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
+from pbkv.engines.base import EngineError, GenerateRequest
 from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.torchengine.model import KVLayout
@@ -93,6 +93,7 @@ class TorchStatistics:
     h2d_blocks: int
     d2h_blocks: int
     prefetch_steps: int
+    retractions: int = 0
 
 
 @dataclass(slots=True)
@@ -248,7 +249,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     def statistics(self) -> TorchStatistics:
         """Return the engine's counters. Does not modify the engine."""
-        return TorchStatistics(**dataclasses.asdict(self._counters))
+        return TorchStatistics(**dataclasses.asdict(self._counters), retractions=self._retractions)
 
     def _validate(self, request: GenerateRequest) -> None:
         """Also reject token ids outside the vocabulary and sequences past the positions."""
@@ -307,7 +308,6 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
-        entry.admit_s = now_s()
         entry.private = list(admission.private_blocks)
         entry.stored_blocks = admission.matched_blocks
         cached = admission.matched_blocks * self.kv.config.block_size
@@ -341,7 +341,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 assert entry.admission is not None
                 self.kv.commit(entry.admission, entry.keys)
                 entry.prompt_committed = True
-                entry.first_token_s = now
+                entry.first_token_s = entry.first_token_s or now  # a resumption keeps its own
         self._counters.decode_tokens += len(plan.decodes)
         self._counters.decode_forwards += 1 if plan.decodes else 0
         for entry in self._running:
@@ -358,19 +358,47 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self.kv.release(adm)
         self._running.remove(entry)
         entry.cache = None
-        entry.result = GenerateResult(
-            request_id=req.request_id,
-            output_token_ids=tuple(entry.output),
-            prompt_tokens=entry.prompt_tokens,
-            cached_gpu_tokens=adm.cached_gpu_tokens,
-            cached_host_tokens=adm.cached_host_tokens,
-            computed_tokens=adm.computed_tokens,
-            queue_s=entry.admit_s - entry.submit_s,
-            ttft_s=entry.first_token_s - entry.submit_s,
-            e2e_s=now - entry.submit_s,
-            hidden=entry.hidden,
-        )
+        entry.result = self._result(entry, entry.output, now, entry.hidden)
         entry.done.set()
+
+    # -- retraction (§7.0, trio thread, between steps) ------------------------------------
+
+    def _retractable(self) -> list[_Entry]:
+        """Running requests whose loads have landed and that will not finish this step.
+
+        Called before admission, so none of them holds blocks freed by this step's
+        evictions (whose device-to-host copies are still queued).
+        """
+        return [e for e in self._running if self._loads_done(e) and not e.finished]
+
+    def _pause(self, entry: _Entry) -> list[int]:
+        """Write the full blocks computed so far into the request's reserved blocks and
+        commit them: the prefilled part of the prompt, or the prompt and every output
+        token but the last (whose KV is not computed yet); drop its KV cache.
+
+        The sampling generator is kept, so a sampled request draws the same tokens.
+        """
+        adm = entry.admission
+        assert adm is not None
+        output = list(entry.output)
+        if entry.cache is not None:
+            computed = entry.prompt_tokens + len(output) - 1 if output else entry.pos
+            self._store_upto(entry, computed)
+        seq = entry.request.prompt_token_ids + tuple(output[:-1])
+        bs = self.kv.config.block_size
+        keys = block_keys(seq, bs, entry.request.namespace, known=entry.keys)
+        keys = keys[: entry.stored_blocks]
+        if len(keys) > adm.committed_blocks:
+            self.kv.commit(adm, keys)
+        entry.private = []
+        entry.used_private = 0
+        entry.stored_blocks = 0
+        entry.prompt_committed = False
+        entry.pos = 0
+        entry.cache = None
+        entry.output = []
+        entry.finished = False
+        return output
 
     def _fail(self, entry: _Entry, error: BaseException) -> None:
         entry.cache = None
@@ -488,7 +516,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         entry.pos += chunk.tokens
         if entry.prefilled:
             self._store_upto(entry, entry.prompt_tokens)
-            entry.hidden = hidden.float().cpu().numpy()
+            if entry.hidden is None:  # a resumption keeps its prompt's
+                entry.hidden = hidden.float().cpu().numpy()
             self._emit(entry, hidden)
 
     def _decode(self, entries: list[_Entry]) -> None:

@@ -106,6 +106,10 @@ class PolicyResult:
 
     Latencies are over the workflows that ran to their end (``end`` or
     ``recursion_limit``); ``end_reasons`` counts every workflow by how it ended.
+    ``recomputed_tokens`` counts every prompt token prefilled, a retracted request's
+    second prefill included; the hit rates count each request once, at its first
+    admission. ``retractions``: running requests the scheduler paused to admit another
+    (§7.0).
     """
 
     policy: str
@@ -130,6 +134,7 @@ class PolicyResult:
     ceiling_hit_rate: float = float("nan")
     min_gpu_hit_rate: float = float("nan")
     min_total_hit_rate: float = float("nan")
+    retractions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,11 +256,13 @@ def run_policy(
             on_outcome=on_outcome,
             open_loop=config.open_loop,
         )
-        nonlocal kv_stats
+        nonlocal kv_stats, retractions
         kv_stats = kv.statistics()
+        retractions = engine.statistics().retractions
         return outcomes
 
     kv_stats: KVStatistics | None = None
+    retractions = 0
     seed_scheduler(config.seed)
     started = time.perf_counter()
     outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -271,6 +278,7 @@ def run_policy(
     result = summarise_outcomes(
         policy, config, outcomes, kv_stats, wall_s, timeline, scheduler=scheduler
     )
+    result = dataclasses.replace(result, retractions=retractions)
     if access_log is None:
         return result
     return dataclasses.replace(
@@ -377,7 +385,7 @@ def summarise_outcomes(
         gpu_hit_rate=kv.gpu_hit_rate,
         host_hit_rate=kv.host_hit_rate,
         total_hit_rate=kv.total_hit_rate,
-        recomputed_tokens=kv.computed_tokens,
+        recomputed_tokens=kv.computed_tokens + kv.resumed_computed_tokens,
         throughput_workflows_per_s=len(outcomes) / makespan if makespan > 0 else 0.0,
         makespan_s=makespan,
         kv=kv,

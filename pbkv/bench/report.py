@@ -39,7 +39,8 @@ def comparison_table(
 
     Speedup is lru's mean workflow latency over the policy's; the hit-rate ratios are
     the policy's GPU and total (GPU + host) hit rates over lru's; the recompute ratio is
-    the policy's recomputed tokens over lru's (lower is better). The baseline is the
+    the policy's recomputed tokens over lru's (lower is better); ``retracted`` counts
+    running requests paused to admit another (§7.0). The baseline is the
     first ``lru`` row, else the first row. The last column counts the workflows by end
     reason: end / recursion_limit / error / aborted. With ``bounds``, a last section
     shows the ceiling, MIN and floor (ratios vs the same baseline).
@@ -66,6 +67,7 @@ def comparison_table(
         "GPU hit ratio",
         "total hit ratio",
         "recompute ratio",
+        "retracted",
         END_COLUMN,
     )
     rows = [
@@ -82,6 +84,7 @@ def comparison_table(
             ratio_text(r.gpu_hit_rate, base.gpu_hit_rate),
             ratio_text(r.total_hit_rate, base.total_hit_rate),
             ratio_text(r.recomputed_tokens, base.recomputed_tokens),
+            f"{r.retractions:,}",
             "/".join(str(r.end_reasons.get(reason, 0)) for reason in END_REASONS),
         )
         for r in results
@@ -109,17 +112,17 @@ def _add_bound_rows(table: Table, base: PolicyResult, b: Bounds) -> None:
     table.add_row(
         "ceiling:any", "inf cache", *[blank] * 4,
         f"{100 * b.ceiling_hit_rate:.1f}", *[blank] * 3,
-        ratio_text(b.ceiling_hit_rate, base.total_hit_rate), *[blank] * 2,
+        ratio_text(b.ceiling_hit_rate, base.total_hit_rate), *[blank] * 3,
     )  # fmt: skip
     table.add_row(
         f"MIN:{b.min_order.partition(':')[2]}", "offline", *[blank] * 3,
         f"{100 * b.min_hit_rate:.1f}", f"{100 * b.min_total_hit_rate:.1f}", *[blank] * 2,
         ratio_text(b.min_hit_rate, base.gpu_hit_rate),
-        ratio_text(b.min_total_hit_rate, base.total_hit_rate), *[blank] * 2,
+        ratio_text(b.min_total_hit_rate, base.total_hit_rate), *[blank] * 3,
     )  # fmt: skip
     table.add_row(
         "floor:fcfs", "no evict", f"{b.floor_latency_s:.2f}", *[blank] * 5,
-        ratio_text(base.mean_latency_s, b.floor_latency_s), *[blank] * 4,
+        ratio_text(base.mean_latency_s, b.floor_latency_s), *[blank] * 5,
     )  # fmt: skip
 
 

@@ -20,6 +20,8 @@ from pbkv.kvmanager import AdmitRequest, KVConfig, KVManager
 class Entry:
     request: GenerateRequest
     keys: list[int]
+    retractions: int = 0
+    admission: object = None
 
 
 def entry(name, keys, *, workflow="w", new_tokens=1, extra_tokens=0):
@@ -179,3 +181,114 @@ def test_queued_prefixes_are_evicted_last_under_pbkv():
 def test_unknown_scheduler_lists_the_known_ones():
     with pytest.raises(ValueError, match="known: fcfs, lpm, workflow"):
         get_scheduler("sjf")
+
+
+def started(kv, *workflows):
+    for w in workflows:
+        kv.on_workflow_started(w)  # start order is age: the first is the oldest
+
+
+def run(kv, name, keys, *, workflow, new_tokens=2):
+    """A running request: admitted, holding its reservation."""
+    e = entry(name, keys, workflow=workflow, new_tokens=new_tokens)
+    e.admission = kv.try_admit(
+        AdmitRequest(
+            keys=list(keys),
+            prompt_tokens=len(keys),
+            max_new_tokens=new_tokens,
+            workflow_id=workflow,
+        )
+    )
+    assert e.admission is not None
+    return e
+
+
+def admit_retracting(scheduler, kv, waiting, running, slots=8):
+    """Admit with ``running`` retractable; a retraction releases and requeues (as engines do)."""
+    admitted, retracted = [], []
+
+    def retract(victim):
+        kv.release(victim.admission)
+        victim.retractions += 1
+        retracted.append(victim.request.request_id)
+        waiting.append(victim)
+
+    scheduler.admit(
+        kv,
+        waiting,
+        slots,
+        on_admit=lambda e, adm: admitted.append(e.request.request_id),
+        on_reject=lambda e, err: admitted.append(f"rejected {e.request.request_id}"),
+        running=len(running),
+        retractable=running,
+        on_retract=retract,
+    )
+    return admitted, retracted
+
+
+def test_workflow_scheduler_retracts_the_youngest_workflow_just_enough():
+    kv = manager(gpu=12)
+    started(kv, "w0", "w1", "w2")
+    running = [
+        run(kv, "w1-run", [10, 11], workflow="w1"),
+        run(kv, "w2-run", [20, 21], workflow="w2"),
+    ]
+    waiting = deque([entry("w0-next", [1, 2, 3, 4, 5], workflow="w0")])  # 6 blocks, 4 free
+    scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
+    assert admit_retracting(scheduler, kv, waiting, running) == (["w0-next"], ["w2-run"])
+    assert [e.request.request_id for e in waiting] == ["w2-run"]  # queued again
+
+
+def test_no_retraction_that_would_not_make_the_request_fit():
+    kv = manager(gpu=12)
+    started(kv, "w0", "w1", "w2")
+    running = [
+        run(kv, "w0-run", [10, 11], workflow="w0"),
+        run(kv, "w2-run", [20, 21], workflow="w2"),
+    ]
+    waiting = deque([entry("w1-big", range(30, 39), workflow="w1")])  # 10 blocks: w2 frees 4
+    scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
+    assert admit_retracting(scheduler, kv, waiting, running) == ([], [])  # w0 is older: kept
+
+
+def test_retraction_is_bounded_and_optional():
+    def setup():
+        kv = manager(gpu=12)
+        started(kv, "w0", "w1")
+        running = [run(kv, "w1-run", [10, 11, 12, 13, 14], workflow="w1")]  # 7 blocks
+        return kv, running, deque([entry("w0-next", [1, 2, 3, 4, 5], workflow="w0")])
+
+    kv, running, waiting = setup()
+    running[0].retractions = 2
+    assert admit_retracting(
+        WorkflowScheduler(cohort_fill=None, preempt=True), kv, waiting, running
+    ) == ([], [])
+    kv, running, waiting = setup()
+    off = WorkflowScheduler(cohort_fill=None, preempt=False)
+    assert admit_retracting(off, kv, waiting, running) == ([], [])
+    kv, running, waiting = setup()
+    assert admit_retracting(FCFSScheduler(), kv, waiting, running) == ([], [])
+    kv, running, waiting = setup()
+    on = WorkflowScheduler(cohort_fill=None, preempt=True, max_retractions=3)
+    assert admit_retracting(on, kv, waiting, running) == (["w0-next"], ["w1-run"])
+    with pytest.raises(ValueError, match="max_retractions"):
+        WorkflowScheduler(max_retractions=-1)
+
+
+def test_a_full_batch_retracts_one_younger_request_for_the_oldest():
+    kv = manager(gpu=32)
+    started(kv, "w0", "w1", "w2")
+    running = [run(kv, "w1-run", [10], workflow="w1"), run(kv, "w2-run", [20], workflow="w2")]
+    waiting = deque([entry("w0-next", [1], workflow="w0"), entry("w2-next", [21], workflow="w2")])
+    scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
+    assert admit_retracting(scheduler, kv, waiting, running, slots=0) == (["w0-next"], ["w2-run"])
+
+
+def test_workflow_retract_is_the_workflow_scheduler_with_retraction_on():
+    on, off = get_scheduler("workflow-retract"), get_scheduler("workflow")
+    assert (on.name, on.preempt, off.name, off.preempt) == (
+        "workflow-retract",
+        True,
+        "workflow",
+        False,
+    )

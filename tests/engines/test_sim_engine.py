@@ -9,6 +9,7 @@ import trio
 import trio.testing
 
 from pbkv.engines.base import EngineError, GenerateRequest, RequestTooLarge
+from pbkv.engines.scheduler import WorkflowScheduler
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.profile import load_hardware, load_model
@@ -362,3 +363,78 @@ async def test_a_request_that_can_never_fit_fails_at_once(autojump_clock):
     assert set(outcome) == {"a", "b"}
     assert not RequestTooLarge("x").retryable and EngineError("x").retryable
     assert_no_leases(engine)
+
+
+def retracting_engine(gpu_blocks, **sim) -> SimEngine:
+    engine = make_engine(gpu_blocks=gpu_blocks, **sim)
+    engine.scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
+    return engine
+
+
+async def test_a_retracted_request_resumes_with_the_same_output_streamed_once(autojump_clock):
+    async def serve(retract: bool):
+        engine = retracting_engine(gpu_blocks=40)  # room for one 32-block request
+        engine.kv.on_workflow_started("old")
+        engine.kv.on_workflow_started("young")
+        streamed: list[int] = []
+        script = tuple(range(100, 140))
+        young = GenerateRequest(
+            "young", "young", "a", prompt(10_000), 40, scripted_output_token_ids=script,
+            on_token=streamed.append,
+        )  # fmt: skip
+        results = {}
+
+        async def submit(rid, req):
+            results[rid] = await engine.generate(req)
+
+        async with running(engine), trio.open_nursery() as nursery:
+            nursery.start_soon(submit, "young", young)
+            await trio.sleep(COST.prefill_s(PROMPT, 0) + 10 * COST.decode_step_s(1, PROMPT))
+            if retract:  # an older workflow's request that cannot fit beside it
+                nursery.start_soon(submit, "old", request("old", prompt(0), workflow="old"))
+        assert_no_leases(engine)
+        return results, streamed, engine.statistics().retractions
+
+    alone, streamed_alone, none = await serve(retract=False)
+    both, streamed_both, once = await serve(retract=True)
+    assert (none, once) == (0, 1)
+    assert (
+        both["young"].output_token_ids == alone["young"].output_token_ids == tuple(range(100, 140))
+    )
+    assert streamed_both == streamed_alone == list(range(100, 140))  # nothing streamed twice
+    assert both["young"].ttft_s == alone["young"].ttft_s  # its first token came before
+    assert both["young"].e2e_s > alone["young"].e2e_s  # it waited for "old"
+    assert both["old"].queue_s < COST.decode_step_s(1, PROMPT)  # admitted at once
+
+
+async def test_a_big_request_behind_many_small_ones_is_admitted(autojump_clock):
+    async def serve(preempt: bool):
+        engine = make_engine(gpu_blocks=40)  # five 8-block small requests fill it
+        engine.scheduler = WorkflowScheduler(cohort_fill=None, preempt=preempt, max_bypass=1000)
+        engine.kv.on_workflow_started("old")
+        for w in range(6):
+            engine.kv.on_workflow_started(f"young-{w}")
+        results = {}
+
+        async def small_workflow(w):
+            for i in range(6):
+                rid = f"small-{w}-{i}"
+                tokens = prompt(20_000 + 1000 * (6 * w + i), 100)
+                results[rid] = await engine.generate(request(rid, tokens, 30, f"young-{w}"))
+
+        async with running(engine), trio.open_nursery() as nursery:
+            for w in range(6):
+                nursery.start_soon(small_workflow, w)
+            await trio.sleep(0.5)
+            big = await engine.generate(request("big", prompt(0), 5, workflow="old"))
+        assert big.output_token_ids == (7, 8, 0, 0, 0)
+        assert len(results) == 36
+        assert all(r.output_token_ids == (7, 8) + (0,) * 28 for r in results.values())
+        assert engine.kv.statistics().requests == 37  # resumptions are not new requests
+        assert_no_leases(engine)
+        return big.queue_s, engine.statistics().retractions
+
+    queue_s, retractions = await serve(preempt=True)
+    assert queue_s < 0.1 and 1 <= retractions <= 2 * 36  # each retracted at most twice
+    queue_s, retractions = await serve(preempt=False)
+    assert queue_s > 1.0 and retractions == 0  # it waits for the small ones to drain

@@ -17,7 +17,14 @@ import pytest
 import torch
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
+from pbkv.engines.base import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    RequestTooLarge,
+    Sampling,
+)
+from pbkv.engines.scheduler import WorkflowScheduler
 from pbkv.engines.torchengine import (
     BlockCopy,
     KVLayout,
@@ -454,3 +461,54 @@ async def test_smollm2_recompute_gpu_hit_and_host_reload_agree() -> None:
     for result in (miss, hit, reload):
         assert result.output_token_ids == want_tokens
         torch.testing.assert_close(logits_of(model, result), want_logits, rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize(
+    "sampling", [Sampling(), Sampling(temperature=0.9, seed=5)], ids=["greedy", "seeded"]
+)
+async def test_a_retracted_request_resumes_to_the_same_tokens(
+    tiny: torch.nn.Module, sampling: Sampling
+) -> None:
+    young_prompt, old_prompt = random_prompt(20, seed=31), random_prompt(22, seed=32)
+
+    async def serve(retract: bool) -> tuple[GenerateResult, list[int], int]:
+        kv, engine = make_engine(tiny, gpu=12, host=32)  # one 8-block request at a time
+        engine.scheduler = WorkflowScheduler(cohort_fill=None, preempt=True)
+        kv.on_workflow_started("old")
+        kv.on_workflow_started("young")
+        streamed: list[int] = []
+        third = trio.Event()
+
+        def on_token(token: int) -> None:
+            streamed.append(token)
+            if len(streamed) == 3:
+                third.set()
+
+        young = request(
+            "young", young_prompt, 12, workflow_id="young", sampling=sampling, on_token=on_token
+        )
+        old = request("old", old_prompt, 9, workflow_id="old")
+        results: dict[str, GenerateResult] = {}
+
+        async def submit(req: GenerateRequest) -> None:
+            results[req.request_id] = await engine.generate(req)
+
+        async with running(engine), trio.open_nursery() as nursery:
+            nursery.start_soon(submit, young)
+            await third.wait()  # decoding: prompt committed, outputs not yet
+            if retract:
+                nursery.start_soon(submit, old)
+        if retract:
+            assert results["old"].output_token_ids == reference(tiny, old_prompt, 9)[0]
+        assert kv.tree.lease_count() == 0 and kv.tree.private_blocks("gpu") == 0
+        kv.check_integrity()
+        return results["young"], streamed, engine.statistics().retractions
+
+    alone, streamed_alone, none = await serve(retract=False)
+    resumed, streamed_resumed, once = await serve(retract=True)
+    assert (none, once) == (0, 1)
+    assert resumed.output_token_ids == alone.output_token_ids
+    assert streamed_resumed == streamed_alone == list(alone.output_token_ids)  # none twice
+    if sampling.greedy:
+        assert alone.output_token_ids == reference(tiny, young_prompt, 12)[0]
+    assert np.allclose(resumed.hidden, alone.hidden)  # its prompt's, not the resumption's

@@ -131,3 +131,36 @@ def test_a_failed_demotion_copy_is_forgotten(clock):
     assert mgr.tree.match_prefix([1, 2, 3]).host_blocks == 0
     assert mgr.tree.nodes() == []
     mgr.check_integrity()
+
+
+def test_shortfall_and_release_gain_leave_out_the_waiting_requests_own_prefix(clock):
+    mgr = make_manager(clock, "lru", gpu=7, host=0)
+    shared = mgr.try_admit(AdmitRequest([1, 2], 2, 0))
+    mgr.commit(shared, [1, 2])
+    mgr.release(shared)  # [1, 2] cached, unleased
+    victim = mgr.try_admit(AdmitRequest([1, 2, 3], 3, 1))  # matches [1, 2]; 2 private
+    mgr.commit(victim, [1, 2, 3])  # [3] cached under [1, 2]; 1 private left
+    waiting = AdmitRequest([1, 2, 8, 9], 4, 2)  # 6 blocks, 2 of them cached: needs 4
+    assert mgr.tree.gpu.num_free == 3
+    assert mgr.gpu_shortfall(waiting) == 1  # nothing evictable: the victim leases [1, 2, 3]
+    assert mgr.release_gain([victim], waiting) == 2  # its private block and [3], not [1, 2]
+    mgr.release(victim)
+    assert mgr.gpu_shortfall(waiting) == 0
+    assert mgr.try_admit(waiting) is not None
+    mgr.check_integrity()
+
+
+def test_a_resumed_admission_is_not_counted_as_a_request(clock):
+    from pbkv.kvmanager.bounds import AccessLog
+
+    mgr = make_manager(clock, "lru", gpu=16, host=0)
+    mgr.access_log = AccessLog(block_size=1)
+    first = mgr.try_admit(AdmitRequest([1, 2, 3], 3, 4))
+    mgr.commit(first, [1, 2, 3, 4])  # prompt and one generated token, then retracted
+    mgr.release(first)
+    resumed = mgr.try_admit(AdmitRequest([1, 2, 3, 4, 5], 5, 3, resumed=True))
+    assert resumed is not None and resumed.cached_gpu_tokens == 4
+    stats = mgr.statistics()
+    assert (stats.requests, stats.prompt_tokens, stats.computed_tokens) == (1, 3, 3)
+    assert (stats.resumed_admissions, stats.resumed_computed_tokens) == (1, 1)
+    assert [is_access for is_access, _ in mgr.access_log.events] == [True, False]
