@@ -58,9 +58,10 @@ class Scheduler(Protocol):
         ...
 
 
-def note_waiting(kv: KVManager, waiting: Sequence[Waiting]) -> None:
-    """Tell a queue-aware policy which prefixes the queue will need (§7.0)."""
-    if kv.policy.queue_aware:
+def note_waiting(kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
+    """Tell a queue-aware policy which prefixes the queue will need (§7.0); with
+    ``ranked``, index them for any policy (``KVManager.queued_prefix``)."""
+    if ranked or kv.policy.queue_aware:
         kv.note_waiting(admit_request(e.request, e.keys) for e in waiting)
 
 
@@ -124,7 +125,7 @@ class _RankedScheduler:
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
     ) -> None:
-        note_waiting(kv, waiting)
+        note_waiting(kv, waiting, ranked=True)
         if not waiting or free_slots <= 0:
             return
         held = self.deferred(kv, waiting)
@@ -178,7 +179,7 @@ class LPMScheduler(_RankedScheduler):
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         def cached(entry: E) -> int:
-            gpu, host = kv.tree.peek_prefix(entry.keys, entry.request.namespace)
+            gpu, host = kv.queued_prefix(entry.keys, entry.request.namespace)
             return gpu + host
 
         return sorted(waiting, key=lambda e: -cached(e))  # stable: arrival order on ties
@@ -263,7 +264,7 @@ class WorkflowScheduler(_RankedScheduler):
             request = entry.request
             wid = request.workflow_id
             age = NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)  # as eviction ranks
-            gpu, host = kv.tree.peek_prefix(entry.keys, request.namespace)
+            gpu, host = kv.queued_prefix(entry.keys, request.namespace)
             share = (gpu + host) * bs / max(1, len(request.prompt_token_ids))
             band = min(self.value_bands - 1, int(share * self.value_bands))
             return -band, age
