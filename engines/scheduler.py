@@ -60,9 +60,9 @@ class Scheduler(Protocol):
 
 def note_waiting(kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
     """Tell a queue-aware policy which prefixes the queue will need (§7.0); with
-    ``ranked``, index them for any policy (``KVManager.queued_prefix``)."""
+    ``ranked``, index them for any policy (``KVManager.queued_cached_blocks``)."""
     if ranked or kv.policy.queue_aware:
-        kv.note_waiting(admit_request(e.request, e.keys) for e in waiting)
+        kv.note_queue((e.keys, e.request.namespace) for e in waiting)
 
 
 class FCFSScheduler:
@@ -179,8 +179,7 @@ class LPMScheduler(_RankedScheduler):
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         def cached(entry: E) -> int:
-            gpu, host = kv.queued_prefix(entry.keys, entry.request.namespace)
-            return gpu + host
+            return kv.queued_cached_blocks(entry.keys, entry.request.namespace)
 
         return sorted(waiting, key=lambda e: -cached(e))  # stable: arrival order on ties
 
@@ -218,6 +217,11 @@ class WorkflowScheduler(_RankedScheduler):
         self.value_bands = value_bands
         self.cohort_fill = cohort_fill
         self._context_tokens: dict[str, int] = {}
+        # the active workflows by age, kept until the active set changes
+        self._kv: KVManager | None = None
+        self._active: list[str] = []
+        self._by_age: list[str] = []
+        self._live: set[str] = set()
 
     def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
         """Return the oldest active workflows whose contexts fit in the cache together.
@@ -226,20 +230,24 @@ class WorkflowScheduler(_RankedScheduler):
         the longest run of workflows, oldest first, whose estimates sum to at most
         ``cohort_fill`` x (GPU + host capacity); never empty.
         """
+        active = kv.scores.active_workflows
+        if kv is not self._kv or active != self._active:  # ages only change with the set
+            self._kv, self._active = kv, active
+            self._by_age = sorted(active, key=kv.scores.ordinal)
+            self._live = live = set(active)
+            self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
+        live = self._live
         for entry in waiting:
             wid = entry.request.workflow_id
-            if wid is not None:
+            if wid is not None and wid in live:
                 self._context_tokens[wid] = len(entry.request.prompt_token_ids)
-        active = sorted(kv.scores.active_workflows, key=kv.scores.ordinal)
-        live = set(active)
-        self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
         assert self.cohort_fill is not None
         cfg = kv.config
         budget = self.cohort_fill * (cfg.gpu_capacity_blocks + cfg.host_capacity_blocks)
         budget *= cfg.block_size
         members: set[str] = set()
         used = 0
-        for wid in active:
+        for wid in self._by_age:
             used += self._context_tokens.get(wid, 0)
             if members and used > budget:
                 break
@@ -258,16 +266,16 @@ class WorkflowScheduler(_RankedScheduler):
         }
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
-        bs = kv.config.block_size
+        bs, bands = kv.config.block_size, self.value_bands
+        ordinal, cached_blocks = kv.scores.ordinal, kv.queued_cached_blocks
 
         def key(entry: E) -> tuple[int, int]:
             request = entry.request
             wid = request.workflow_id
-            age = NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)  # as eviction ranks
-            gpu, host = kv.queued_prefix(entry.keys, request.namespace)
-            share = (gpu + host) * bs / max(1, len(request.prompt_token_ids))
-            band = min(self.value_bands - 1, int(share * self.value_bands))
-            return -band, age
+            age = NO_WORKFLOW if wid is None else ordinal(wid)  # as eviction ranks
+            cached = cached_blocks(entry.keys, request.namespace)
+            share = cached * bs / max(1, len(request.prompt_token_ids))
+            return -min(bands - 1, int(share * bands)), age
 
         return sorted(waiting, key=key)
 

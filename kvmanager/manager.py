@@ -23,7 +23,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
-from pbkv.kvmanager.waiting import WaitingPrefixes
+from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -367,18 +367,27 @@ class KVManager:
         Each node on a queued request's cached prefix gets ``queued`` = the number of
         such requests; a queue-aware policy adds it to the node's score (a queued
         request is a certain next use). Every policy indexes the queue's prefixes for
-        :meth:`queued_prefix`; only a queue-aware one counts them into nodes.
-
-        ``waiting`` is the whole queue; a request is known by its ``keys`` list, which
-        must not change while it is queued. Prefixes are walked again only where the
-        tree changed since the last call (:class:`~pbkv.kvmanager.waiting.WaitingPrefixes`).
+        :meth:`queued_cached_blocks`; only a queue-aware one counts them into nodes.
+        ``waiting`` is the whole queue; see :meth:`note_queue`.
 
         Returns:
             Nodes whose count changed (0 for a policy that is not queue-aware).
 
         Mutates: ``queued`` counts and eviction order of those nodes.
         """
-        self.waiting.sync((r.keys, r.namespace) for r in waiting)
+        return self.note_queue((r.keys, r.namespace) for r in waiting)
+
+    def note_queue(self, queue: Iterable[QueuedPrompt]) -> int:
+        """Do :meth:`note_waiting` for the whole queue given as ``(keys, namespace)`` pairs.
+
+        A request is known by its ``keys`` list (the same object on every call, not
+        changed while queued). Prefixes are walked again only where the tree changed
+        since the last call (:class:`~pbkv.kvmanager.waiting.WaitingPrefixes`), and only
+        nodes whose count changed are re-keyed.
+
+        Returns / Mutates: as :meth:`note_waiting`.
+        """
+        self.waiting.sync(queue)
         if not self.policy.queue_aware:
             return 0
         changed = 0
@@ -389,17 +398,17 @@ class KVManager:
                 changed += 1
         return changed
 
-    def queued_prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int]:
-        """Return a queued request's cached prefix as (GPU blocks, host-only blocks).
+    def queued_cached_blocks(self, keys: list[int], namespace: str = "") -> int:
+        """Return a queued request's prompt blocks cached in either tier (GPU + host-only).
 
-        The same answer as :meth:`RadixTree.peek_prefix`; from the index the last
+        The sum of :meth:`RadixTree.peek_prefix`; from the index the last
         :meth:`note_waiting` built when it holds ``keys`` (the same list object) and the
         tree has not changed along its path since, else by walking the tree.
 
         Does not modify anything.
         """
-        found = self.waiting.prefix(keys, namespace)
-        return found if found is not None else self.tree.peek_prefix(keys, namespace)
+        found = self.waiting.cached_blocks(keys, namespace)
+        return sum(self.tree.peek_prefix(keys, namespace)) if found is None else found
 
     # -- commit and release ----------------------------------------------------------
 

@@ -11,17 +11,25 @@ per step; this index walks a prompt again only when the tree changed where its w
 
 Nothing else changes which nodes a walk visits or how many blocks it matches in each: a
 node's keys change only when it is split, and its children only by those three
-operations. Residency may change freely: the GPU / host split of a prefix is read from
-the path's nodes when asked.
+operations. Residency may change freely: a prefix's cached length counts blocks in either
+tier, and the walk itself never looks at tiers.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.radix import RadixTree
+
+QueuedPrompt = tuple[list[int], str]
+"""A queued request as the index sees it: its prompt's block keys and its namespace.
+
+The index knows a request by the identity of its key list: pass the queue's own list,
+do not change it while the request is queued, and do not share it between requests of
+different namespaces."""
 
 
 @dataclass(eq=False, slots=True)
@@ -34,6 +42,7 @@ class _Walk:
         copies: times the queue holds this prompt.
         path: nodes the walk visited, root's child first.
         spans: blocks matched in each node of ``path``.
+        matched_blocks: their sum (GPU or host: a demotion or load does not change it).
         open_end: the walk stopped for want of a child (keys remain after a fully matched
             last node, or nothing matched): a new child there may extend it.
         stale: the tree changed where the walk went; walk again before use.
@@ -44,6 +53,7 @@ class _Walk:
     copies: int
     path: tuple[Node, ...] = ()
     spans: tuple[int, ...] = ()
+    matched_blocks: int = 0
     open_end: bool = False
     stale: bool = True
 
@@ -51,9 +61,9 @@ class _Walk:
 class WaitingPrefixes:
     """Each queued request's cached prefix, and per node the queued requests through it.
 
-    A request is known by its key list's identity and its namespace; :meth:`sync` sets
-    the queue. Between syncs the tree may change in any way: a walk the change touched
-    is marked stale and walked again at the next :meth:`sync`.
+    A request is known by its key list's identity (see :data:`QueuedPrompt`);
+    :meth:`sync` sets the queue. Between syncs the tree may change in any way: a walk
+    the change touched is marked stale and walked again at the next :meth:`sync`.
 
     Args:
         tree: the radix tree walked (its hooks must call :meth:`on_split`,
@@ -65,7 +75,10 @@ class WaitingPrefixes:
     def __init__(self, tree: RadixTree, *, count_nodes: bool) -> None:
         self._tree = tree
         self._count = count_nodes
-        self._walks: dict[tuple[int, str], _Walk] = {}
+        self._walks: dict[int, _Walk] = {}  # id(keys) -> walk
+        self._order: list[int] = []  # id(keys) of the last sync's queue, in order
+        self._copies = False  # the last sync's queue held a prompt twice
+        self._stale: set[_Walk] = set()
         self._through: dict[Node, set[_Walk]] = {}  # walks whose path holds the node
         self._open_at: dict[Node, set[_Walk]] = {}  # open walks stopped at a non-root node
         self._open_at_root: dict[str, set[_Walk]] = {}  # open walks that matched nothing
@@ -78,45 +91,53 @@ class WaitingPrefixes:
 
     # -- the queue -------------------------------------------------------------------
 
-    def sync(self, queue: Iterable[tuple[list[int], str]]) -> None:
-        """Make the index hold exactly ``queue``'s prompts (``(keys, namespace)`` pairs).
+    def sync(self, queue: Iterable[QueuedPrompt]) -> None:
+        """Make the index hold exactly ``queue``'s prompts (:data:`QueuedPrompt` pairs).
 
-        Prompts that left the queue are forgotten, new and stale ones walked.
+        Prompts that left the queue are forgotten, new and stale ones walked; a queue
+        and tree unchanged since the last call cost one pass over the queue.
 
         Mutates: the index only (never the tree).
         """
-        wanted: dict[tuple[int, str], tuple[list[int], str, int]] = {}
-        for keys, namespace in queue:
-            key = (id(keys), namespace)
-            seen = wanted.get(key)
-            wanted[key] = (keys, namespace, 1 if seen is None else seen[2] + 1)
-        for key in [k for k in self._walks if k not in wanted]:
-            self._unwalk(self._walks.pop(key))
-        for key, (keys, namespace, copies) in wanted.items():
-            walk = self._walks.get(key)
-            if walk is None:
-                walk = self._walks[key] = _Walk(keys, namespace, copies)
-            elif walk.stale or walk.copies != copies:
-                self._unwalk(walk)
-                walk.copies = copies
-            else:
-                continue
+        prompts = list(queue)
+        order = [id(keys) for keys, _ in prompts]
+        if order != self._order:
+            self._set_queue(prompts, order)
+        for walk in self._stale:
+            self._unwalk(walk)
             self._walk(walk)
+        self._stale.clear()
 
-    def prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int] | None:
-        """Return a queued prompt's cached prefix as (GPU blocks, host-only blocks), as
-        :meth:`RadixTree.peek_prefix` would, or ``None`` when the index does not hold it
-        current (not in the last sync, or stale since). Does not modify anything."""
-        walk = self._walks.get((id(keys), namespace))
-        if walk is None or walk.stale:
+    def _set_queue(self, prompts: list[QueuedPrompt], order: list[int]) -> None:
+        walks = self._walks
+        ids = set(order)
+        for gone in walks.keys() - ids:
+            walk = walks.pop(gone)
+            self._unwalk(walk)
+            self._stale.discard(walk)
+        if len(ids) > len(walks):
+            for keys, namespace in prompts:
+                if id(keys) not in walks:
+                    walk = walks[id(keys)] = _Walk(keys, namespace, 1)
+                    self._stale.add(walk)
+        copies = len(ids) < len(order)
+        if copies or self._copies:  # a prompt queued twice counts twice
+            times = Counter(order)
+            for key, walk in walks.items():
+                if walk.copies != times[key]:
+                    self._unwalk(walk)
+                    walk.copies = times[key]
+                    self._stale.add(walk)
+        self._order, self._copies = order, copies
+
+    def cached_blocks(self, keys: list[int], namespace: str = "") -> int | None:
+        """Return a queued prompt's blocks cached in either tier (the sum of
+        :meth:`RadixTree.peek_prefix`), or ``None`` when the index does not hold it current
+        (not in the last sync, or stale since). Does not modify anything."""
+        walk = self._walks.get(id(keys))
+        if walk is None or walk.stale or walk.keys is not keys or walk.namespace != namespace:
             return None
-        gpu = host = 0
-        for node, blocks in zip(walk.path, walk.spans, strict=True):
-            if node.gpu_blocks is not None:
-                gpu += blocks
-            else:
-                host += blocks
-        return gpu, host
+        return walk.matched_blocks
 
     def take_changes(self) -> list[tuple[Node, int]]:
         """Return ``(node, count)`` for each node whose count differs from what it was at
@@ -174,15 +195,16 @@ class WaitingPrefixes:
 
     # -- internals -------------------------------------------------------------------
 
-    @staticmethod
-    def _mark_stale(walks: set[_Walk] | None) -> None:
-        for walk in walks or ():
-            walk.stale = True
+    def _mark_stale(self, walks: set[_Walk] | None) -> None:
+        if walks:
+            for walk in walks:
+                walk.stale = True
+            self._stale.update(walks)
 
     def _walk(self, walk: _Walk) -> None:
         path, spans = self._tree.peek_spans(walk.keys, walk.namespace)
         walk.path, walk.spans, walk.stale = tuple(path), tuple(spans), False
-        matched = sum(spans)
+        walk.matched_blocks = matched = sum(spans)
         walk.open_end = matched < len(walk.keys) and (not path or spans[-1] == path[-1].num_blocks)
         for node in path:
             self._through.setdefault(node, set()).add(walk)
@@ -204,7 +226,7 @@ class WaitingPrefixes:
                 _discard(self._open_at_root, walk.namespace, walk)
         if self._count:
             self._add_counts(walk.path, -walk.copies)
-        walk.path, walk.spans, walk.stale = (), (), True
+        walk.path, walk.spans, walk.open_end, walk.stale = (), (), False, True
 
     def _add_counts(self, path: Iterable[Node], delta: int) -> None:
         counts, before = self.counts, self._before

@@ -49,33 +49,34 @@ def test_a_walk_is_redone_after_a_split_an_insert_under_its_end_or_a_removal(clo
     run(mgr, clock, [1, 2, 3])
     a, b = queued([1, 2, 3, 4, 5]), queued([1, 2, 8])
     mgr.note_waiting([a, b])
-    assert mgr.waiting.prefix(a.keys) == (3, 0)
-    assert mgr.waiting.prefix(b.keys) == (2, 0)  # ends inside [1, 2, 3]
+    assert mgr.waiting.cached_blocks(a.keys) == 3
+    assert mgr.waiting.cached_blocks(b.keys) == 2  # ends inside [1, 2, 3]
     run(mgr, clock, [1, 2, 3, 4])  # a child under a's end: a goes further, b is untouched
-    assert mgr.waiting.prefix(a.keys) is None
-    assert mgr.waiting.prefix(b.keys) == (2, 0)
-    assert mgr.queued_prefix(a.keys) == (4, 0)  # answered from the tree meanwhile
+    assert mgr.waiting.cached_blocks(a.keys) is None
+    assert mgr.waiting.cached_blocks(b.keys) == 2
+    assert mgr.queued_cached_blocks(a.keys) == 4  # answered from the tree meanwhile
     mgr.note_waiting([a, b])
-    assert mgr.waiting.prefix(a.keys) == (4, 0)
+    assert mgr.waiting.cached_blocks(a.keys) == 4
     mgr.tree.match_prefix([1, 2, 9])  # splits [1, 2, 3] after 2 blocks: both walk through it
-    assert mgr.waiting.prefix(a.keys) is None and mgr.waiting.prefix(b.keys) is None
+    assert mgr.waiting.cached_blocks(a.keys) is None and mgr.waiting.cached_blocks(b.keys) is None
     mgr.note_waiting([a, b])
-    assert [n.keys for n in mgr.waiting._walks[(id(a.keys), "")].path] == [[1, 2], [3], [4]]
+    assert [n.keys for n in mgr.waiting._walks[id(a.keys)].path] == [[1, 2], [3], [4]]
     assert mgr.tree.evict("gpu", 1) == 1  # drops the leaf [4]
-    assert mgr.waiting.prefix(a.keys) is None and mgr.waiting.prefix(b.keys) == (2, 0)
+    assert mgr.waiting.cached_blocks(a.keys) is None and mgr.waiting.cached_blocks(b.keys) == 2
     mgr.note_waiting([a, b])
-    assert mgr.waiting.prefix(a.keys) == (3, 0)
+    assert mgr.waiting.cached_blocks(a.keys) == 3
     mgr.check_integrity()
 
 
-def test_the_tier_split_is_read_when_asked(clock):
+def test_a_demotion_leaves_the_walk_current(clock):
     mgr = make_manager(clock, "lru", gpu=16, host=16)
     run(mgr, clock, [1, 2])
     run(mgr, clock, [1, 2, 3])  # nodes [1, 2] and [3]
     a = queued([1, 2, 3])
     mgr.note_waiting([a])
     mgr.tree.evict("gpu", 1)  # [3] demoted: the walk is unchanged, its tiers are not
-    assert mgr.waiting.prefix(a.keys) == (2, 1) == mgr.tree.peek_prefix(a.keys)
+    assert mgr.tree.peek_prefix(a.keys) == (2, 1)
+    assert mgr.waiting.cached_blocks(a.keys) == 3
 
 
 def test_requests_that_left_the_queue_are_forgotten(clock):
@@ -130,7 +131,7 @@ class WaitingMachine(KVManagerMachine):
     @invariant()
     def queued_prefixes_are_the_trees(self):
         for r in self.queue:
-            assert self.kv.queued_prefix(r.keys) == self.kv.tree.peek_prefix(r.keys)
+            assert self.kv.queued_cached_blocks(r.keys) == sum(self.kv.tree.peek_prefix(r.keys))
 
 
 WaitingMachine.TestCase.settings = (
