@@ -21,6 +21,7 @@ is admitted, so no request starves.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
@@ -222,6 +223,14 @@ class WorkflowScheduler(_RankedScheduler):
         self._active: list[str] = []
         self._by_age: list[str] = []
         self._live: set[str] = set()
+        # the last deferred() and rank() answers, reused while nothing they read changed
+        self._held: set[int] = set()
+        self._held_for: list[Waiting] = []
+        self._ranked: list[Waiting] = []
+        self._ranked_for: list[Waiting] = []
+        self._ranked_ages: list[int] = []
+        self._ranked_kv: KVManager | None = None
+        self._ranked_version = -1
 
     def cohort(self, kv: KVManager, waiting: Sequence[E]) -> set[str]:
         """Return the oldest active workflows whose contexts fit in the cache together.
@@ -258,26 +267,59 @@ class WorkflowScheduler(_RankedScheduler):
         """Hold back requests of workflows outside the cohort (see :meth:`cohort`)."""
         if self.cohort_fill is None:
             return set()
-        members = self.cohort(kv, waiting)
-        return {
-            id(e)
-            for e in waiting
-            if e.request.workflow_id is not None and e.request.workflow_id not in members
-        }
+        entries = list(waiting)
+        # the cohort reads the active workflows and the queue's prompts, nothing else
+        if not (
+            kv is self._kv
+            and kv.scores.active_workflows == self._active
+            and _same(entries, self._held_for)
+        ):
+            members = self.cohort(kv, entries)
+            self._held_for = entries
+            self._held = {
+                id(e)
+                for e in entries
+                if e.request.workflow_id is not None and e.request.workflow_id not in members
+            }
+        return set(self._held)
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
+        entries = list(waiting)
+        ordinal = kv.scores.ordinal
+        ages = [  # as eviction ranks
+            NO_WORKFLOW if (wid := e.request.workflow_id) is None else ordinal(wid) for e in entries
+        ]
+        index = kv.waiting
+        # cached lengths come from the queue's index when it holds this queue, current
+        indexed = index.current and [id(e.keys) for e in entries] == index.order
+        if (
+            indexed
+            and kv is self._ranked_kv
+            and index.version == self._ranked_version
+            and ages == self._ranked_ages
+            and _same(entries, self._ranked_for)
+        ):
+            return list(self._ranked)  # type: ignore[arg-type]
         bs, bands = kv.config.block_size, self.value_bands
-        ordinal, cached_blocks = kv.scores.ordinal, kv.queued_cached_blocks
 
-        def key(entry: E) -> tuple[int, int]:
-            request = entry.request
-            wid = request.workflow_id
-            age = NO_WORKFLOW if wid is None else ordinal(wid)  # as eviction ranks
-            cached = cached_blocks(entry.keys, request.namespace)
-            share = cached * bs / max(1, len(request.prompt_token_ids))
-            return -min(bands - 1, int(share * bands)), age
+        def band(entry: E) -> int:
+            cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
+            share = cached * bs / max(1, len(entry.request.prompt_token_ids))
+            return min(bands - 1, int(share * bands))
 
-        return sorted(waiting, key=key)
+        keys = [(-band(e), age) for e, age in zip(entries, ages, strict=True)]
+        ranked = [entries[i] for i in sorted(range(len(entries)), key=keys.__getitem__)]
+        if indexed:
+            self._ranked_kv, self._ranked_version = kv, index.version
+            self._ranked, self._ranked_for, self._ranked_ages = ranked, entries, ages
+        else:
+            self._ranked_version = -1
+        return list(ranked)
+
+
+def _same(a: Sequence[object], b: Sequence[object]) -> bool:
+    """Return whether ``a`` and ``b`` hold the same objects in the same order."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 SCHEDULERS: dict[str, Callable[[], Scheduler]] = {

@@ -85,9 +85,21 @@ class WaitingPrefixes:
         self.counts: dict[Node, int] = {}
         """Node -> queued requests whose walk visits it (as of the last :meth:`sync`)."""
         self._before: dict[Node, int] = {}  # counts at the last take_changes, if changed
+        self.version = 0
+        """Bumped whenever the queue or any walk changes (a cache key for rankings)."""
 
     def __len__(self) -> int:
         return len(self._walks)
+
+    @property
+    def order(self) -> list[int]:
+        """``id(keys)`` of the last sync's queue, in queue order (do not modify)."""
+        return self._order
+
+    @property
+    def current(self) -> bool:
+        """Every walk is current (no tree change touched one since the last sync)."""
+        return not self._stale
 
     # -- the queue -------------------------------------------------------------------
 
@@ -109,6 +121,7 @@ class WaitingPrefixes:
         self._stale.clear()
 
     def _set_queue(self, prompts: list[QueuedPrompt], order: list[int]) -> None:
+        self.version += 1
         walks = self._walks
         ids = set(order)
         for gone in walks.keys() - ids:
@@ -200,6 +213,7 @@ class WaitingPrefixes:
             for walk in walks:
                 walk.stale = True
             self._stale.update(walks)
+            self.version += 1
 
     def _walk(self, walk: _Walk) -> None:
         path, spans = self._tree.peek_spans(walk.keys, walk.namespace)
