@@ -2,10 +2,8 @@
 tree changed, and ``note_waiting`` sets the same ``queued`` counts as walking every queued
 prompt from scratch on every call."""
 
-import os
 from collections import Counter
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
@@ -134,14 +132,5 @@ class WaitingMachine(KVManagerMachine):
             assert self.kv.queued_cached_blocks(r.keys) == sum(self.kv.tree.peek_prefix(r.keys))
 
 
-WaitingMachine.TestCase.settings = (
-    settings.get_profile("soak")
-    if os.environ.get("HYPOTHESIS_PROFILE") == "soak"
-    else settings(
-        max_examples=40,
-        stateful_step_count=30,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-)
+WaitingMachine.TestCase.settings = KVManagerMachine.TestCase.settings  # soak profile too
 TestWaitingMachine = WaitingMachine.TestCase
