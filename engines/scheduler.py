@@ -31,11 +31,12 @@ request fit.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
-from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs, admit_request
+from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs
 from pbkv.engines.base import EngineError
 from pbkv.kvmanager import Admission, KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
@@ -89,10 +90,11 @@ class Scheduler(Protocol):
         ...
 
 
-def note_waiting(kv: KVManager, waiting: Sequence[Waiting]) -> None:
-    """Tell a queue-aware policy which prefixes the queue will need (§7.0)."""
-    if kv.policy.queue_aware:
-        kv.note_waiting(admit_request(e.request, e.keys) for e in waiting)
+def note_waiting(kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
+    """Tell a queue-aware policy which prefixes the queue will need (§7.0); with
+    ``ranked``, index them for any policy (``KVManager.queued_cached_blocks``)."""
+    if ranked or kv.policy.queue_aware:
+        kv.note_queue((e.keys, e.request.namespace) for e in waiting)
 
 
 class FCFSScheduler:
@@ -165,7 +167,7 @@ class _RankedScheduler:
         retractable: Sequence[R] = (),
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
-        note_waiting(kv, waiting)
+        note_waiting(kv, waiting, ranked=True)
         candidates = list(retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
@@ -246,8 +248,7 @@ class LPMScheduler(_RankedScheduler):
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         def cached(entry: E) -> int:
-            gpu, host = kv.tree.peek_prefix(entry.keys, entry.request.namespace)
-            return gpu + host
+            return kv.queued_cached_blocks(entry.keys, entry.request.namespace)
 
         return sorted(waiting, key=lambda e: -cached(e))  # stable: arrival order on ties
 
@@ -313,6 +314,19 @@ class WorkflowScheduler(_RankedScheduler):
         self.preempt = preempt
         self.max_retractions = max_retractions
         self._context_tokens: dict[str, int] = {}
+        # the active workflows by age, kept until the active set changes
+        self._kv: KVManager | None = None
+        self._active: list[str] = []
+        self._by_age: list[str] = []
+        self._live: set[str] = set()
+        # the last deferred() and rank() answers, reused while nothing they read changed
+        self._held: set[int] = set()
+        self._held_for: list[Waiting] = []
+        self._ranked: list[Waiting] = []
+        self._ranked_for: list[Waiting] = []
+        self._ranked_ages: list[int] = []
+        self._ranked_kv: KVManager | None = None
+        self._ranked_version = -1
 
     def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
         """Return the running requests to retract so that ``entry`` fits.
@@ -360,20 +374,24 @@ class WorkflowScheduler(_RankedScheduler):
         the longest run of workflows, oldest first, whose estimates sum to at most
         ``cohort_fill`` x (GPU + host capacity); never empty.
         """
+        active = kv.scores.active_workflows
+        if kv is not self._kv or active != self._active:  # ages only change with the set
+            self._kv, self._active = kv, active
+            self._by_age = sorted(active, key=kv.scores.ordinal)
+            self._live = live = set(active)
+            self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
+        live = self._live
         for entry in waiting:
             wid = entry.request.workflow_id
-            if wid is not None:
+            if wid is not None and wid in live:
                 self._context_tokens[wid] = len(entry.request.prompt_token_ids)
-        active = sorted(kv.scores.active_workflows, key=kv.scores.ordinal)
-        live = set(active)
-        self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
         assert self.cohort_fill is not None
         cfg = kv.config
         budget = self.cohort_fill * (cfg.gpu_capacity_blocks + cfg.host_capacity_blocks)
         budget *= cfg.block_size
         members: set[str] = set()
         used = 0
-        for wid in active:
+        for wid in self._by_age:
             used += self._context_tokens.get(wid, 0)
             if members and used > budget:
                 break
@@ -390,38 +408,72 @@ class WorkflowScheduler(_RankedScheduler):
         prefill (mostly recompute of evicted contexts) is what the GPU spends its time on;
         while decode dominates, running more workflows at once is worth more than their
         contexts. So the cohort engages when ``prefill_share`` reaches
-        :attr:`engage_share` and lets go below :attr:`release_share` (hysteresis); an
-        engine that does not measure it (``None``) keeps the cohort engaged.
+        :attr:`engage_share`, and lets go when it falls below :attr:`release_share` with
+        nobody held back: a cohort that holds requests back lowers the prefill share by
+        its own success, which is no sign that the load has eased. An engine that does
+        not measure the share (``None``) keeps the cohort engaged.
         """
         if self.cohort_fill is None:
             return set()
-        if prefill_share is not None:
-            if self._engaged and prefill_share < self.release_share:
-                self._engaged = False
-            elif not self._engaged and prefill_share >= self.engage_share:
-                self._engaged = True
+        if prefill_share is not None and not self._engaged:
+            self._engaged = prefill_share >= self.engage_share
             if not self._engaged:
                 return set()
-        members = self.cohort(kv, waiting)
-        return {
-            id(e)
-            for e in waiting
-            if e.request.workflow_id is not None and e.request.workflow_id not in members
-        }
+        entries = list(waiting)
+        # the cohort reads the active workflows and the queue's prompts, nothing else
+        if not (
+            kv is self._kv
+            and kv.scores.active_workflows == self._active
+            and _same(entries, self._held_for)
+        ):
+            members = self.cohort(kv, entries)
+            self._held_for = entries
+            self._held = {
+                id(e)
+                for e in entries
+                if e.request.workflow_id is not None and e.request.workflow_id not in members
+            }
+        if prefill_share is not None and prefill_share < self.release_share and not self._held:
+            self._engaged = False
+        return set(self._held)
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
-        bs = kv.config.block_size
+        entries = list(waiting)
+        ordinal = kv.scores.ordinal
+        ages = [  # as eviction ranks
+            NO_WORKFLOW if (wid := e.request.workflow_id) is None else ordinal(wid) for e in entries
+        ]
+        index = kv.waiting
+        # cached lengths come from the queue's index when it holds this queue, current
+        indexed = index.current and [id(e.keys) for e in entries] == index.order
+        if (
+            indexed
+            and kv is self._ranked_kv
+            and index.version == self._ranked_version
+            and ages == self._ranked_ages
+            and _same(entries, self._ranked_for)
+        ):
+            return list(self._ranked)  # type: ignore[arg-type]
+        bs, bands = kv.config.block_size, self.value_bands
 
-        def key(entry: E) -> tuple[int, int]:
-            request = entry.request
-            wid = request.workflow_id
-            age = NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)  # as eviction ranks
-            gpu, host = kv.tree.peek_prefix(entry.keys, request.namespace)
-            share = (gpu + host) * bs / max(1, len(request.prompt_token_ids))
-            band = min(self.value_bands - 1, int(share * self.value_bands))
-            return -band, age
+        def band(entry: E) -> int:
+            cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
+            share = cached * bs / max(1, len(entry.request.prompt_token_ids))
+            return min(bands - 1, int(share * bands))
 
-        return sorted(waiting, key=key)
+        keys = [(-band(e), age) for e, age in zip(entries, ages, strict=True)]
+        ranked = [entries[i] for i in sorted(range(len(entries)), key=keys.__getitem__)]
+        if indexed:
+            self._ranked_kv, self._ranked_version = kv, index.version
+            self._ranked, self._ranked_for, self._ranked_ages = ranked, entries, ages
+        else:
+            self._ranked_version = -1
+        return list(ranked)
+
+
+def _same(a: Sequence[object], b: Sequence[object]) -> bool:
+    """Return whether ``a`` and ``b`` hold the same objects in the same order."""
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
 def _age(kv: KVManager, entry: Waiting) -> int:

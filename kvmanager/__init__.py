@@ -17,6 +17,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
 from pbkv.kvmanager.scoring import ScoreBoard, agent_weights, validate_forecast
 from pbkv.kvmanager.stats import KVStatistics
+from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
 
 __all__ = [
     "POLICIES",
@@ -39,8 +40,10 @@ __all__ = [
     "Node",
     "Policy",
     "Prefetcher",
+    "QueuedPrompt",
     "RadixTree",
     "ScoreBoard",
+    "WaitingPrefixes",
     "agent_weights",
     "block_keys",
     "ceiling_hits",

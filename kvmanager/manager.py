@@ -23,6 +23,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
+from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +179,11 @@ class KVManager:
             reprioritize_all=self.tree.reprioritize_all,
             beyond_horizon=config.beyond_horizon,
         )
+        self.waiting = WaitingPrefixes(self.tree, count_nodes=self.policy.queue_aware)
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
+        self.tree.hooks.on_insert = self.waiting.on_insert
         self._counters = _Counters()
-        self._queued: dict[Node, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -213,11 +215,13 @@ class KVManager:
 
     def _on_split(self, node: Node, top: Node) -> None:
         self.scores.on_split(node, top)
+        self.waiting.on_split(node)
         if self.kvflow is not None:
             self.kvflow.on_split(node, top)
 
     def _on_remove(self, node: Node) -> None:
         self.scores.on_remove(node)
+        self.waiting.on_remove(node)
         if self.kvflow is not None:
             self.kvflow.on_remove(node)
 
@@ -387,31 +391,49 @@ class KVManager:
 
         Each node on a queued request's cached prefix gets ``queued`` = the number of
         such requests; a queue-aware policy adds it to the node's score (a queued
-        request is a certain next use). Other policies ignore the call.
+        request is a certain next use). Every policy indexes the queue's prefixes for
+        :meth:`queued_cached_blocks`; only a queue-aware one counts them into nodes.
+        ``waiting`` is the whole queue; see :meth:`note_queue`.
 
         Returns:
-            Nodes whose count changed.
+            Nodes whose count changed (0 for a policy that is not queue-aware).
 
         Mutates: ``queued`` counts and eviction order of those nodes.
         """
+        return self.note_queue((r.keys, r.namespace) for r in waiting)
+
+    def note_queue(self, queue: Iterable[QueuedPrompt]) -> int:
+        """Do :meth:`note_waiting` for the whole queue given as ``(keys, namespace)`` pairs.
+
+        A request is known by its ``keys`` list (the same object on every call, not
+        changed while queued). Prefixes are walked again only where the tree changed
+        since the last call (:class:`~pbkv.kvmanager.waiting.WaitingPrefixes`), and only
+        nodes whose count changed are re-keyed.
+
+        Returns / Mutates: as :meth:`note_waiting`.
+        """
+        self.waiting.sync(queue)
         if not self.policy.queue_aware:
             return 0
-        counts: dict[Node, int] = {}
-        for request in waiting:
-            for node in self.tree.peek_path(request.keys, request.namespace):
-                counts[node] = counts.get(node, 0) + 1
         changed = 0
-        for node in self._queued.keys() - counts.keys():
-            node.queued = 0
-            self.tree.reprioritize(node)
-            changed += 1
-        for node, n in counts.items():
-            if node.queued != n:
-                node.queued = n
+        for node, after in self.waiting.take_changes():
+            if after == 0 or node.queued != after:  # a count gone to 0 is always reset
+                node.queued = after
                 self.tree.reprioritize(node)
                 changed += 1
-        self._queued = counts
         return changed
+
+    def queued_cached_blocks(self, keys: list[int], namespace: str = "") -> int:
+        """Return a queued request's prompt blocks cached in either tier (GPU + host-only).
+
+        The sum of :meth:`RadixTree.peek_prefix`; from the index the last
+        :meth:`note_waiting` built when it holds ``keys`` (the same list object) and the
+        tree has not changed along its path since, else by walking the tree.
+
+        Does not modify anything.
+        """
+        found = self.waiting.cached_blocks(keys, namespace)
+        return sum(self.tree.peek_prefix(keys, namespace)) if found is None else found
 
     # -- commit and release ----------------------------------------------------------
 
@@ -613,6 +635,8 @@ class KVManager:
         )
 
     def check_integrity(self) -> None:
-        """Assert the tree's invariants (§5.1) and the score board's grouping."""
+        """Assert the tree's invariants (§5.1), the score board's grouping and that the
+        queue's index is current."""
         self.tree.check_integrity()
         self.scores.check_integrity()
+        self.waiting.check_integrity()

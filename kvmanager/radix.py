@@ -93,6 +93,8 @@ class TreeHooks:
 
     Attributes:
         on_split / on_remove: keep the score board's per-workflow node sets exact.
+        on_insert: ``(leaf)``: a new node was added under ``leaf.parent`` (queued
+            requests' walks that stopped there may now go further).
         on_demote: ``(node, gpu_blocks, host_blocks)``: a GPU copy is being demoted into
             newly allocated host blocks; an owned-cache engine copies device → host here.
             Called before the GPU blocks are freed: they may be reallocated as soon as it
@@ -102,6 +104,7 @@ class TreeHooks:
 
     on_split: Callable[[Node, Node], None] = lambda old, top: None
     on_remove: Callable[[Node], None] = lambda node: None
+    on_insert: Callable[[Node], None] = lambda leaf: None
     on_demote: Callable[[Node, list[int], list[int]], None] = lambda node, gpu, host: None
 
 
@@ -223,8 +226,17 @@ class RadixTree:
 
         Does not modify the tree.
         """
+        return self.peek_spans(keys, namespace)[0]
+
+    def peek_spans(self, keys: list[int], namespace: str = "") -> tuple[list[Node], list[int]]:
+        """Return :meth:`peek_path`'s nodes and the blocks of ``keys`` matched in each.
+
+        Every span but the last is its node's whole length; the last is shorter when
+        ``keys`` diverge inside that node. Does not modify the tree.
+        """
         node = self._roots.get(namespace)
         path: list[Node] = []
+        spans: list[int] = []
         i = 0
         while node is not None and i < len(keys):
             child = node.children.get(keys[i])
@@ -232,11 +244,12 @@ class RadixTree:
                 break
             path.append(child)
             common = _common_prefix(child.keys, keys, i)
+            spans.append(common)
             if common < child.num_blocks:
                 break
             node = child
             i += common
-        return path
+        return path, spans
 
     def peek_prefix(self, keys: list[int], namespace: str = "") -> tuple[int, int]:
         """Return the cached prefix of ``keys`` as (GPU blocks, host-only blocks).
@@ -385,6 +398,7 @@ class RadixTree:
         self._cached["gpu"] += len(gpu_blocks)
         parent.children[keys[0]] = leaf
         _count_child(leaf, "gpu", +1)
+        self.hooks.on_insert(leaf)
         return leaf
 
     def split(self, node: Node, at: int) -> Node:
