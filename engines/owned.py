@@ -70,9 +70,6 @@ E = TypeVar("E", bound=Queued)
 
 PREFILL_SHARE_TAU_S = 10.0
 """Time constant of :attr:`OwnedCacheEngine.prefill_share`'s moving average, seconds."""
-PREFILL_SHARE_WARMUP_S = 3 * PREFILL_SHARE_TAU_S
-"""Busy seconds before the share is reported: a cold start prefills every first prompt at
-once, which is no sign of recompute."""
 
 
 class OwnedCacheEngine(Generic[E]):
@@ -116,8 +113,6 @@ class OwnedCacheEngine(Generic[E]):
         # None where the engine does not measure it. The workflow scheduler holds back
         # requests to keep contexts cached only while recompute is what the GPU is busy with.
         self.prefill_share: float | None = None
-        self._share = 0.0  # the moving average itself, reported after the warm-up
-        self._busy_total_s = 0.0
         self._retractions = 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -316,15 +311,13 @@ class OwnedCacheEngine(Generic[E]):
             return
         share = min(1.0, max(0.0, prefill_s / step_s))
         weight = 1.0 - math.exp(-step_s / PREFILL_SHARE_TAU_S)
-        self._share += weight * (share - self._share)
-        self._busy_total_s += step_s
-        self.prefill_share = self._share if self._busy_total_s >= PREFILL_SHARE_WARMUP_S else 0.0
+        current = self.prefill_share or 0.0
+        self.prefill_share = current + weight * (share - current)
 
     def _note_idle(self, idle_s: float) -> None:
         """Fold ``idle_s`` seconds without work (prefill share 0) into :attr:`prefill_share`."""
         if self.prefill_share is not None and idle_s > 0:
-            self._share *= math.exp(-idle_s / PREFILL_SHARE_TAU_S)
-            self.prefill_share = min(self.prefill_share, self._share)
+            self.prefill_share *= math.exp(-idle_s / PREFILL_SHARE_TAU_S)
 
     def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> None:
         """Hand ``request.on_token`` the tokens of ``output`` it has not seen yet.

@@ -438,18 +438,3 @@ async def test_a_big_request_behind_many_small_ones_is_admitted(autojump_clock):
     assert queue_s < 0.1 and 1 <= retractions <= 2 * 36  # each retracted at most twice
     queue_s, retractions = await serve(preempt=False)
     assert queue_s > 1.0 and retractions == 0  # it waits for the small ones to drain
-
-
-def test_the_prefill_share_is_reported_after_a_warm_up_and_follows_the_steps():
-    engine = make_engine()
-    assert engine.prefill_share is None
-    for _ in range(29):  # a cold start: every first prompt prefills at once
-        engine._note_busy(1.0, 1.0)
-    assert engine.prefill_share == 0.0
-    engine._note_busy(1.0, 1.0)
-    assert engine.prefill_share > 0.9
-    for _ in range(60):  # decode takes over
-        engine._note_busy(1.0, 0.1)
-    assert 0.1 < engine.prefill_share < 0.15
-    engine._note_idle(1000.0)
-    assert engine.prefill_share < 1e-6
