@@ -48,8 +48,9 @@ DEFAULT_MAX_BYPASS = 32
 """Times a queued request may be overtaken before it blocks everything behind it."""
 
 DEFAULT_COHORT_FILL = 0.5
-"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured,
-pbkv / lru:workflow mean latency in s, hover 144 workflows at c=72: 0.30: 768.5;
+"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured before
+the prefill-share gate (with it, 0.5 gives 726.26 / 849.20), pbkv / lru:workflow mean
+latency in s, hover 144 workflows at c=72: 0.30: 768.5;
 0.35: 731.5; 0.40: 706.2 / 794.7; 0.42: 700.4 / 794.5; 0.45: 700.7 / 799.9;
 0.46: 698.3 / 813.8; 0.47: 705.2 / 816.8; 0.50: 712.5 / 837.2 (too small a cohort
 idles the GPU, too large makes reuse cyclic). 0.46 would give pbkv 1.515x lru there,
