@@ -219,8 +219,10 @@ def test_the_readme_shows_the_quickstarts_as_they_run():
     readme = (root / "README.md").read_text()
     for name in ("quickstart_session", "quickstart_graph"):
         source = (root / "examples" / f"{name}.py").read_text()
-        body = source[source.index("import pbkv") : source.index("\n\nif __name__")]
-        assert body in readme, f"README's copy of examples/{name}.py is out of date"
+        body = source[source.index("import sys") :]  # all but the docstring: it runs pasted
+        assert f"```python\n{body}```" in readme, (
+            f"README's copy of examples/{name}.py is out of date"
+        )
 
 
 async def test_an_agent_actor_that_fails_once_restarts_and_its_calls_are_retried(autojump_clock):
