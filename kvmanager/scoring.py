@@ -338,17 +338,15 @@ class ScoreBoard:
 
         Mutates: scores of the workflow's nodes only.
         """
-        u, first = _fold(forecast, len(agents), self.gamma)
+        shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
+        new, first = agent_weights(forecast, agents, self.gamma, shares, self.miss_rate)
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
         if workflow_id not in self._weights:
             self.start(workflow_id)
         old = self._weights[workflow_id]
-        self._weights[workflow_id] = new = dict(zip(agents, u, strict=False))  # END left out
-        shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
-        if shares:
-            _add_tail(new, shares, self.miss_rate * beyond_horizon_mass(forecast, self.gamma))
-        self._next[workflow_id] = dict(zip(agents, first, strict=False))
+        self._weights[workflow_id] = new
+        self._next[workflow_id] = first
         # u_new[a] - u_old[a] once per agent, not once per node and agent; a node's delta
         # sums them in its set's order, as the per-node sum always did
         change = _ZeroIfMissing(new)  # an agent the old weights lack changed by u_new - 0
