@@ -438,3 +438,26 @@ async def test_a_big_request_behind_many_small_ones_is_admitted(autojump_clock):
     assert queue_s < 0.1 and 1 <= retractions <= 2 * 36  # each retracted at most twice
     queue_s, retractions = await serve(preempt=False)
     assert queue_s > 1.0 and retractions == 0  # it waits for the small ones to drain
+
+
+def test_the_prefill_share_follows_the_steps_and_decays_when_idle():
+    engine = make_engine()
+    assert engine.prefill_share is None  # nothing measured yet
+    for _ in range(60):  # recompute-bound: prefill is all of every step
+        engine._note_busy(1.0, 1.0)
+    assert engine.prefill_share > 0.99
+    for _ in range(60):  # decode takes over
+        engine._note_busy(1.0, 0.1)
+    assert 0.1 < engine.prefill_share < 0.15
+    engine._note_idle(1000.0)
+    assert engine.prefill_share < 1e-6
+
+
+async def test_the_sim_engine_measures_its_prefill_share(autojump_clock):
+    engine = make_engine()
+    async with running(engine):
+        await engine.generate(request("a", prompt(0, 400), max_new_tokens=1))  # prefill only
+        after_prefill = engine.prefill_share
+        await engine.generate(request("b", prompt(5_000, 16), max_new_tokens=200))  # decode
+    assert after_prefill is not None and after_prefill > 0.0
+    assert engine.prefill_share < after_prefill
