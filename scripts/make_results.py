@@ -9,12 +9,17 @@ import json
 import sys
 from pathlib import Path
 
+from pbkv.bench.compare import DEFAULT_SCHEDULERS
+
 # Published figures, cited for comparison (PBKV paper, arXiv 2605.06472).
 PAPER_LADDER_HIT = {"lru": 27.1, "lae": 44.9, "he": 66.0, "pbkv": 69.1}  # hover, Fig. ablation
 PAPER_HOVER = "up to 1.85x latency and 2.55x GPU hit rate vs LRU"
 PAPER_FINANCE = "up to 1.26x latency and 1.39x GPU hit rate vs KVFlow"
 PAPER_TOP1 = {"paper model": (0.935, 0.848, 0.771), "paper markov-1": (0.752, 0.555, 0.295)}
 PAPER_FORECAST_MS = 1.56  # batch of 1024 states, on GPU
+# issue 13's targets at the paper's hover load (144 workflows, c=72): pbkv's mean latency
+# over lru's, and over lru running the workflow scheduler too
+TARGET_HOVER_C72 = {"lru": 1.5, "lru:workflow": 1.15}
 
 
 def load(data: Path, name: str) -> dict | None:
@@ -22,8 +27,17 @@ def load(data: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def label(row: dict) -> str:
+    """Return the row's policy, with ``:scheduler`` when it is not the policy's default
+    (``pbkv.bench.compare.DEFAULT_SCHEDULERS``), so ``lru`` and ``lru:workflow`` differ."""
+    scheduler = row.get("scheduler")
+    if scheduler is None or scheduler == DEFAULT_SCHEDULERS.get(row["policy"], "fcfs"):
+        return row["policy"]
+    return f"{row['policy']}:{scheduler}"
+
+
 def by_policy(run: dict) -> dict[str, dict]:
-    return {r["policy"]: r for r in run["results"]}
+    return {label(r): r for r in run["results"]}
 
 
 def bench_table(run: dict) -> list[str]:
@@ -122,6 +136,7 @@ def headline(data: Path) -> list[str]:
             f"{kv['mean_latency_s'] / pb['mean_latency_s']:.3f}x latency, "
             f"{pb['gpu_hit_rate'] / kv['gpu_hit_rate']:.3f}x GPU hit rate (paper: {PAPER_FINANCE})."
         )
+    out += paper_loads(data)
     noise = load(data, "sweep-noise-hover.json")
     if noise:
         worst = min(
@@ -162,6 +177,44 @@ def headline(data: Path) -> list[str]:
     if horizon:
         best = max(horizon["points"], key=lambda p: by_policy(p)["pbkv"]["gpu_hit_rate"])
         out.append(f"- **Horizon sweep**: pbkv's GPU hit rate peaks at K = {best['value']:g}.")
+    return out
+
+
+def paper_loads(data: Path) -> list[str]:
+    """One line per paper-load bench (``bench-<app>-c<N>*.json``) and the Mooncake replay:
+    pbkv's speedup over each other row, and every row's total hit rate beside the bounds."""
+    out: list[str] = []
+    paths = sorted(data.glob("bench-*-c*.json")) + sorted(data.glob("bench-mooncake*.json"))
+    for path in paths:
+        run = json.loads(path.read_text())
+        rows, c, b = by_policy(run), run["config"], run.get("bounds") or {}
+        if "pbkv" not in rows:
+            continue
+        pbkv = rows["pbkv"]
+        paper_hover = (c["app"], c["concurrency"], c["hardware"]) == ("hover", 72, "a6000-tp2")
+        speedups = []
+        for name, r in rows.items():
+            if name != "pbkv":
+                ratio = r["mean_latency_s"] / pbkv["mean_latency_s"]
+                target = TARGET_HOVER_C72.get(name) if paper_hover else None
+                met = "met" if target is not None and ratio >= target else "not met"
+                speedups.append(
+                    f"{ratio:.3f}x {name}"
+                    + ("" if target is None else f" (target {target}x: {met})")
+                )
+        hits = ", ".join(f"{n} {100 * r['total_hit_rate']:.1f}%" for n, r in rows.items())
+        if b:
+            hits += (
+                f"; ceiling {100 * b['ceiling_hit_rate']:.1f}%, "
+                f"MIN {100 * b['min_total_hit_rate']:.1f}%"
+            )
+        load_ = "open loop" if c.get("open_loop") or c["app"] == "mooncake" else "c="
+        load_ += "" if load_ == "open loop" else str(c["concurrency"])
+        out.append(
+            f"- **{c['app']}, {c['workflows']} workflows, {load_}, {c['hardware']}** "
+            f"(`{path.stem}`): pbkv {pbkv['mean_latency_s']:.2f} s, "
+            f"{'; '.join(speedups)}; total hit {hits}."
+        )
     return out
 
 
@@ -268,16 +321,17 @@ def main(data_dir: str, out_md: str) -> None:
             *bench_table(run),
             "",
         ]
-    for path in sorted(data.glob("sweep-*.json")):
+    for path in sorted(data.rglob("sweep-*.json")):
         run = json.loads(path.read_text())
+        name = path.relative_to(data).with_suffix("").as_posix()
         md += [
-            f"## `{path.stem}`",
+            f"## `{name}`",
             "",
             f"`{run['command']}`",
             "",
             *sweep_table(run),
             "",
-            f"![{path.stem}](data/{path.stem}.png)",
+            f"![{name}](data/{name}.png)",
             "",
         ]
     predictor = predictor_section(data)

@@ -52,3 +52,21 @@ def test_predictor_section_comes_from_eval_and_bench_json(tmp_path, monkeypatch)
     assert "`pbkv eval-predictor --app codegen" in text
     assert "for a batch of 8 states on 1 CPU thread(s)" in text
     assert "for 12 traces, 1 member(s) x 1 epochs" in text
+
+
+def test_paper_load_rows_keep_lru_and_lru_workflow_apart(tmp_path, monkeypatch):
+    """Two rows of one policy under different schedulers are both reported, and the
+    tables' ratios are taken against plain lru (fcfs), not the last lru row."""
+    data = tmp_path / "data"
+    data.mkdir()
+    args = "bench --app codegen --workflows 4 --concurrency 2 --policies lru,lru:workflow,pbkv"
+    assert main([*args.split(), "--json", str(data / "bench-codegen-c2.json")]) == 0
+    out = tmp_path / "results.md"
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), str(data), str(out)])
+    runpy.run_path(str(SCRIPT), run_name="__main__")
+    lines = out.read_text().splitlines()
+    line = next(x for x in lines if x.startswith("- **codegen, 4 workflows, c=2"))
+    assert "x lru;" in line and "x lru:workflow;" in line
+    assert "total hit lru " in line and ", lru:workflow " in line and "MIN " in line
+    lru_row = next(x for x in lines if x.startswith("| lru | fcfs |"))
+    assert "| 1.000x | 1.000x | 1.000x | 1.000x |" in lru_row  # plain lru against itself
