@@ -146,6 +146,7 @@ class RadixTree:
         self._private = {"gpu": 0, "host": 0}
         self._cached = {"gpu": 0, "host": 0}
         self._leases: set[Lease] = set()
+        self._leased = {"gpu": 0, "host": 0}  # blocks of nodes with lock_count > 0
         self._loads: dict[int, LoadTransfer] = {}
         self._priority = priority
         self._index = {
@@ -184,7 +185,16 @@ class RadixTree:
         return len(self._leases)
 
     def leased_blocks(self, tier: Tier) -> int:
-        """Return the blocks of ``tier`` held by leased nodes (not evictable now)."""
+        """Return the blocks of ``tier`` held by leased nodes (not evictable now).
+
+        A running count, kept by :meth:`lock`, :meth:`unlock` and every change of a
+        leased node's copies; :meth:`check_integrity` checks it against
+        :meth:`_walk_leased_blocks`.
+        """
+        return self._leased[tier]
+
+    def _walk_leased_blocks(self, tier: Tier) -> int:
+        """Return :meth:`leased_blocks` by walking every lease's path to its root."""
         seen: set[int] = set()
         total = 0
         for lease in self._leases:
@@ -283,6 +293,8 @@ class RadixTree:
         walk: Node | None = node
         while walk is not None:
             walk.lock_count += 1
+            if walk.lock_count == 1:
+                self._count_leased(walk, +1)
             walk = walk.parent
         return lease
 
@@ -300,8 +312,16 @@ class RadixTree:
         while walk is not None:
             walk.lock_count -= 1
             if walk.lock_count == 0 and not walk.is_root:
+                self._count_leased(walk, -1)
                 self.reprioritize(walk)
             walk = walk.parent
+
+    def _count_leased(self, node: Node, sign: int) -> None:
+        """Add (``+1``) or take out (``-1``) ``node``'s copies from the leased counts."""
+        if node.gpu_blocks is not None:
+            self._leased["gpu"] += sign * len(node.gpu_blocks)
+        if node.host_blocks is not None:
+            self._leased["host"] += sign * len(node.host_blocks)
 
     # -- private blocks ---------------------------------------------------------
 
@@ -390,6 +410,8 @@ class RadixTree:
         _count_child(node, "gpu", +1)
         self._private["gpu"] -= len(blocks)
         self._cached["gpu"] += len(blocks)
+        if node.lock_count:
+            self._leased["gpu"] += len(blocks)
 
     def _new_leaf(self, parent: Node, keys: list[int], gpu_blocks: list[int]) -> Node:
         leaf = Node(list(keys), parent, parent.namespace, next(self._serial))
@@ -547,6 +569,8 @@ class RadixTree:
         assert blocks is not None
         self._pool(tier).free(blocks)
         self._cached[tier] -= len(blocks)
+        if node.lock_count:
+            self._leased[tier] -= len(blocks)
         if tier == "gpu":
             node.gpu_blocks = None
         else:
@@ -645,6 +669,8 @@ class RadixTree:
             del self._loads[node.serial]
             if ok and not node.on_gpu:
                 node.gpu_blocks = blocks
+                if node.lock_count:
+                    self._leased["gpu"] += len(blocks)
                 _count_child(node, "gpu", +1)
                 self._private["gpu"] -= len(blocks)
                 self._cached["gpu"] += len(blocks)
@@ -714,6 +740,9 @@ class RadixTree:
                 raise AssertionError(f"{tier}: a block is owned by two nodes")
             if len(owned) != self._cached[tier]:
                 raise AssertionError(f"{tier}: cached count {self._cached[tier]} != {len(owned)}")
+            walked = self._walk_leased_blocks(tier)  # type: ignore[arg-type]
+            if walked != self._leased[tier]:
+                raise AssertionError(f"{tier}: leased count {self._leased[tier]} != {walked}")
             total = pool.num_free + self._cached[tier] + self._private[tier]
             if total != pool.capacity_blocks:
                 raise AssertionError(

@@ -168,3 +168,22 @@ def test_block_pool_is_lazy_and_reuses_returned_ids_first():
     assert small.allocate(2) == [0, 1] and small.num_free == 0
     with pytest.raises(ValueError, match="cannot allocate 1 blocks: 0 free"):
         small.allocate(1)
+
+
+def test_leased_blocks_is_kept_through_locks_loads_and_splits(clock):
+    tree = make_tree(clock)
+    put(tree, [1, 2, 3])
+    tree.evict("gpu", 3)  # host only: [1, 2, 3]
+    held = tree.lock(tree.match_prefix([1, 2, 3]).node)
+    assert (tree.leased_blocks("gpu"), tree.leased_blocks("host")) == (0, 3)
+    load = tree.begin_load(list(tree.match_prefix([1, 2, 3]).host_nodes))
+    tree.complete_load(load, ok=True)  # lands on a node the request still leases
+    assert (tree.leased_blocks("gpu"), tree.leased_blocks("host")) == (3, 3)
+    tree.match_prefix([1, 9])  # splits the leased node: [1] -> [2, 3], both leased
+    assert (tree.leased_blocks("gpu"), tree.leased_blocks("host")) == (3, 3)
+    other = tree.lock(tree.match_prefix([1]).node)  # a second lease on part of the path
+    tree.unlock(held)
+    assert (tree.leased_blocks("gpu"), tree.leased_blocks("host")) == (1, 1)
+    tree.unlock(other)
+    assert (tree.leased_blocks("gpu"), tree.leased_blocks("host")) == (0, 0)
+    tree.check_integrity()  # the running count agrees with a walk over the leases
