@@ -217,18 +217,22 @@ class RadixTree:
         """
         node = self.root(namespace)
         path: list[Node] = []
-        i = 0
-        while i < len(keys):
+        i = gpu = 0
+        end = len(keys)
+        while i < end:
             child = node.children.get(keys[i])
             if child is None:
                 break
-            common = _common_prefix(child.keys, keys, i)
-            if common < child.num_blocks:
+            span = child.keys
+            common = len(span)
+            if common > end - i or keys[i : i + common] != span:  # else the whole span
+                common = _common_prefix(span, keys, i)  # shorter than the span: split it
                 child = self.split(child, common)
             path.append(child)
+            if child.gpu_blocks is not None:  # every path node is matched whole
+                gpu += common
             node = child
             i += common
-        gpu = sum(n.num_blocks for n in path if n.on_gpu)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
     def peek_path(self, keys: list[int], namespace: str = "") -> list[Node]:
