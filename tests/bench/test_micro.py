@@ -25,6 +25,7 @@ def test_target_rows_print_value_target_reference_ratio_and_verdict(capsys, monk
     monkeypatch.setattr(micro, "forecast_ms", lambda states, repeats: 25.0)  # runs below
     rows = micro.target_rows(TINY)
     assert rows[2].value == "25.00 ms" and rows[2].met is False
+    assert "ms matmul floor" in rows[2].reference  # the arithmetic floor, same run
     assert [r.measure.split(",")[0] for r in rows] == list(TARGETS)
     for row in rows:
         assert row.met in (True, False)
@@ -51,8 +52,13 @@ def test_forecast_row_says_so_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     result = micro.forecast_ms(8, 1)
     assert isinstance(result, str) and result.startswith("not run: torch")
+    assert micro.forecast_matmul_floor_ms(8, 1) == result
     rows = micro.target_rows(TINY)
     assert rows[2].value == result and rows[2].met is None
+
+
+def test_the_matmul_floor_is_timed_on_the_model_shapes():
+    assert micro.forecast_matmul_floor_ms(8, 1) > 0
 
 
 def test_forecast_config_is_the_checkpoint_config_of_the_latency_study():
