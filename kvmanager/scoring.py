@@ -40,13 +40,16 @@ agent the workflow has not called yet keeps part of its forecast."""
 EVIDENCE_CAP = 5.0
 """Largest ``|log(Q/P)|`` one call adds to the history's evidence (a call one expert gave
 no mass would otherwise settle the question for ever)."""
-HISTORY_WEIGHT_FLOOR = 0.1
-"""The history's prior weight (odds 1:9 against it), and a weight at or below it counts
-as 0: the history is used only once the calls favour it more than the prior did, and
-otherwise the score is Eq. 2 exactly (ties stay ties). Measured with a floor (and prior)
-of 0.01, τ-bench at 144 workflows, c=48 ran 205.04 s against Eq. 2's 203.48 s (99 of
-5,112 forecasts leave Eq. 2 at 0.1, and that run is 203.48 s); that load moves 2–4%
-for gamma 0.79 or 0.81, so small changes to its ranking show up there first."""
+HISTORY_WEIGHT_PRIOR = 0.1
+"""The history's weight before any call is checked (odds 1:9 against it). Once the calls
+favour the forecast more than that (log-odds below the prior's) the weight is 0 and the
+score is Eq. 2 exactly (ties stay ties). Measured (64 workflows unless named): treating
+the prior itself as 0 changes every c=16/c=32 GPU hit by at most 0.4 pt but runs hover
+at 144 workflows, c=72 in 726.85 s (Eq. 2: 726.26; with this prior: 723.26); a prior of
+0.01 runs τ-bench at 144 workflows, c=48 in 205.04 s (Eq. 2 and this prior: 203.48).
+Those loads move 2-4% for gamma 0.79 or 0.81, so they show small ranking changes first."""
+PRIOR_EVIDENCE = math.log(HISTORY_WEIGHT_PRIOR / (1.0 - HISTORY_WEIGHT_PRIOR))
+"""The prior's log-odds; forgotten evidence decays back to it."""
 
 
 def validate_forecast(forecast: np.ndarray, n_agents: int) -> np.ndarray:
@@ -303,7 +306,7 @@ class ScoreBoard:
         self.miss_rate = 1.0
         """Moving average of ``1 - P^(1)[agent]`` over the calls a step-1 forecast named
         beforehand: how much the forecasts miss (1 until checked)."""
-        self.history_evidence = math.log(HISTORY_WEIGHT_FLOOR / (1.0 - HISTORY_WEIGHT_FLOOR))
+        self.history_evidence = PRIOR_EVIDENCE
         """Log-odds that the history-sharpened rows predict calls better than the
         forecast, over every checked call (forgotten at :data:`MISS_RATE_DECAY`); a new
         workflow starts from it (:meth:`note_invocation`)."""
@@ -390,7 +393,7 @@ class ScoreBoard:
         ``P`` is the step-1 forecast made before the call, ``Q`` its history-sharpened
         row (:func:`history_sharpened`, from the call shares that forecast read). Both
         the workflow's evidence (starting from the board's) and the board's are
-        forgotten at :data:`MISS_RATE_DECAY` per call.
+        forgotten toward the prior at :data:`MISS_RATE_DECAY` per call.
         """
         if agent not in predicted:
             return
@@ -398,18 +401,18 @@ class ScoreBoard:
         q = history_sharpened([predicted[a] for a in names], names, shares)[names.index(agent)]
         p = predicted[agent]
         ratio = _log_ratio(q, p)
-        keep = 1.0 - MISS_RATE_DECAY
         own = self._history_evidence.get(workflow_id, self.history_evidence)
-        self._history_evidence[workflow_id] = keep * own + ratio
-        self.history_evidence = keep * self.history_evidence + ratio
+        self._history_evidence[workflow_id] = _add_evidence(own, ratio)
+        self.history_evidence = _add_evidence(self.history_evidence, ratio)
 
     def history_weight(self, workflow_id: str) -> float:
         """Return the mixture weight ``m`` of the history-sharpened rows for a workflow:
-        the posterior probability ``1 / (1 + exp(-L))`` of its evidence ``L``, 0 below
-        :data:`HISTORY_WEIGHT_FLOOR` (its prior)."""
+        the posterior probability ``1 / (1 + exp(-L))`` of its log-odds ``L``; 0 while
+        ``L`` is below the prior's (:data:`HISTORY_WEIGHT_PRIOR`)."""
         evidence = self._history_evidence.get(workflow_id, self.history_evidence)
-        weight = 1.0 / (1.0 + math.exp(-evidence))
-        return weight if weight > HISTORY_WEIGHT_FLOOR else 0.0
+        if evidence < PRIOR_EVIDENCE:
+            return 0.0
+        return 1.0 / (1.0 + math.exp(-evidence))
 
     def touch(self, nodes: Iterable[Node], workflow_id: str, agent: str) -> None:
         """Record that ``agent`` of ``workflow_id`` used ``nodes`` (sets ``A_w(c)``).
@@ -560,6 +563,12 @@ class ScoreBoard:
             groups = self._groups.get(w)
             if groups is not None:
                 _leave(groups, frozenset(agents), node)
+
+
+def _add_evidence(evidence: float, ratio: float) -> float:
+    """Return log-odds ``evidence`` after one call's ``ratio``, the older evidence
+    forgotten toward :data:`PRIOR_EVIDENCE` at :data:`MISS_RATE_DECAY`."""
+    return PRIOR_EVIDENCE + (1.0 - MISS_RATE_DECAY) * (evidence - PRIOR_EVIDENCE) + ratio
 
 
 def _log_ratio(q: float, p: float) -> float:
