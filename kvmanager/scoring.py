@@ -282,8 +282,9 @@ class ScoreBoard:
         ended_memory: terminated workflow ids remembered, >= 1.
         reprioritize_all: called with an iterable of such nodes at once (a forecast's
             groups); default: ``reprioritize`` on each.
-        beyond_horizon: add the score's tail past the horizon from each workflow's recent
-            call shares, weighted by :attr:`miss_rate` (see :func:`agent_weights`);
+        beyond_horizon: read each workflow's recent call shares: the score's tail past
+            the horizon, weighted by :attr:`miss_rate`, and the history-sharpened rows
+            within it, weighted by :meth:`history_weight` (see :func:`agent_weights`);
             ``False``: Eq. 2 as the paper writes it.
     """
 
