@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, validate_forecast
+from pbkv.kvmanager.scoring import history_sharpened
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import run
@@ -360,3 +361,85 @@ def test_the_tail_follows_how_often_the_forecasts_miss(clock):
         mgr.on_forecast("w1", np.array([row(planner=1.0)]), AGENTS)
         mgr.on_agent_invoked("w1", "coder", step)
     assert right < 0.2 < 0.8 < board.miss_rate <= 1.0
+
+
+# -- the workflow's history within the horizon (issue 13 item 8) --------------------------
+
+
+def test_history_sharpened_by_hand():
+    # P = .3 each, END .1; shares: coder .5; eps .05 -> P (h + eps) = .015, .165, .015
+    q = history_sharpened([0.3, 0.3, 0.3, 0.1], AGENTS, {"coder": 0.5})
+    assert q == pytest.approx([0.9 * 0.05 / 0.65, 0.9 * 0.55 / 0.65, 0.9 * 0.05 / 0.65])
+    assert history_sharpened(row(coder=1.0).tolist(), AGENTS, {"tester": 1.0}) == [0, 1, 0]
+    assert history_sharpened(row().tolist(), AGENTS, {"coder": 1.0}) == [0, 0, 0]  # END only
+
+
+def test_the_history_blend_by_hand():
+    forecast = np.array([[0.3, 0.3, 0.3, 0.1], row(planner=0.5, tester=0.5)])
+    shares = {"coder": 0.5}
+    # gamma^(k-1) s^(k): 1, .5 * .9; row 2 gives coder nothing, so Q^(2) = P^(2)
+    plain = {"planner": 0.3 + 0.45 * 0.5, "coder": 0.3, "tester": 0.3 + 0.45 * 0.5}
+    sharp = {"planner": 0.045 / 0.65 + 0.225, "coder": 0.495 / 0.65, "tester": 0.045 / 0.65 + 0.225}
+    u, first = agent_weights(forecast, AGENTS, 0.5, shares, tail_weight=0.0, history_weight=0.5)
+    assert u == pytest.approx({a: (plain[a] + sharp[a]) / 2 for a in AGENTS}, abs=1e-12)
+    assert first == dict(zip(AGENTS, [0.3, 0.3, 0.3], strict=True))  # the forecast's own P^(1)
+    same, _ = agent_weights(forecast, AGENTS, 0.5, shares, tail_weight=0.0, history_weight=0.0)
+    assert same == agent_weights(forecast, AGENTS, 0.5)[0]
+
+
+def test_the_history_weight_follows_which_expert_predicts_the_calls(clock):
+    mgr = make_manager(clock, "pbkv", gpu=64, host=0)
+    board = mgr.scores
+    mgr.on_workflow_started("w1")
+    assert board.history_weight("w1") == pytest.approx(0.1)  # the prior: odds 1:9
+    flat = np.array([row(planner=0.3, coder=0.3, tester=0.3)])
+    for step in range(10):  # a forecast that cannot tell the agents apart, a coder loop
+        mgr.on_agent_invoked("w1", "coder", step)
+        mgr.on_forecast("w1", flat, AGENTS)
+    assert board.history_weight("w1") > 0.99
+    for step in range(10, 70):  # a cycle: the forecast leans right, the history wrong
+        after = AGENTS[step % 3]  # the agent called least recently, so the least shared
+        leaning = row(**{**dict.fromkeys(AGENTS, 0.2), after: 0.6})
+        mgr.on_forecast("w1", np.array([leaning]), AGENTS)
+        mgr.on_agent_invoked("w1", after, step)
+    assert board.history_weight("w1") == 0.0
+    mgr.on_workflow_started("w2")  # a new workflow starts from the board's evidence
+    assert board.history_weight("w2") == board.history_weight("w1") == 0.0
+
+
+def test_a_sharp_forecast_keeps_eq_2_exactly(clock):
+    scores = {}
+    for beyond in (True, False):
+        mgr = make_manager(clock, "pbkv", gpu=64, host=0, beyond_horizon=beyond)
+        mgr.on_workflow_started("w1")
+        for step, agent in enumerate(["planner", "coder", "tester"] * 4):
+            run(mgr, clock, [10 * step + 1, 10 * step + 2], "w1", agent)
+            mgr.on_agent_invoked("w1", agent, step)
+            after = AGENTS[(AGENTS.index(agent) + 1) % 3]
+            mgr.on_forecast("w1", np.array([row(**{after: 1.0}), row()]), AGENTS)
+        scores[beyond] = [n.score for n in sorted(mgr.scores.nodes_of("w1"), key=id)]
+    # the tail is 0 (the last row ends the workflow); a row naming one agent is not
+    # sharpened: the same scores
+    assert sorted(scores[True]) == sorted(scores[False])
+
+
+def test_a_context_whose_agent_the_workflow_keeps_calling_ranks_above_an_idle_one(clock):
+    mgr = make_manager(clock, "pbkv", gpu=64, host=0)
+    mgr.on_workflow_started("w1")
+    mgr.on_agent_invoked("w1", "planner", 0)
+    run(mgr, clock, [1, 2, 3], "w1", "planner")  # planner's context, used once
+    # markov-1 after a call: planner a bit likelier than the others, then END (no tail)
+    leaning = np.array([row(planner=0.4, coder=0.3, tester=0.3), row()])
+    mgr.on_forecast("w1", leaning, AGENTS)
+    coder = [4]
+    for step in range(1, 9):  # yet the workflow keeps calling coder
+        mgr.on_agent_invoked("w1", "coder", step)
+        coder.append(4 + step)
+        run(mgr, clock, coder, "w1", "coder")
+        mgr.on_forecast("w1", leaning, AGENTS)
+    idle = mgr.tree.match_prefix([1, 2, 3]).node
+    busy = mgr.tree.match_prefix(coder).node
+    eq_2, _ = agent_weights(leaning, AGENTS, mgr.scores.gamma)
+    assert eq_2["coder"] < eq_2["planner"]  # Eq. 2 alone ranks coder's context below
+    assert busy.score > idle.score
+    assert mgr.policy.priority(busy) > mgr.policy.priority(idle)  # evicted after it
