@@ -34,6 +34,9 @@ CALL_SHARE_DECAY = 0.3
 """Weight of the latest call in a workflow's call shares (:meth:`ScoreBoard.note_invocation`)."""
 MISS_RATE_DECAY = 0.02
 """Weight of the latest call in :attr:`ScoreBoard.miss_rate`'s moving average."""
+TAIL_MAX_STEPS = 64.0
+"""Most discounted steps past the horizon the tail counts (:func:`beyond_horizon_mass`);
+reached only as ``gamma (1 - e)`` nears 1 (at ``gamma = 0.8`` the series sums to <= 5)."""
 HISTORY_SMOOTHING = 0.05
 """``epsilon`` of the history expert ``share[a] + epsilon`` (:func:`agent_weights`): an
 agent the workflow has not called yet keeps part of its forecast."""
@@ -199,12 +202,16 @@ def _blend_history(
 def beyond_horizon_mass(forecast: np.ndarray, gamma: float) -> float:
     """Return ``gamma^K s^(K+1) / (1 - gamma (1 - e))`` of a validated ``(K, |V|+1)``
     forecast: the discounted steps past the horizon, each ending with the last row's END
-    probability ``e`` (see :func:`agent_weights`)."""
+    probability ``e`` (see :func:`agent_weights`). The geometric series counts at most
+    :data:`TAIL_MAX_STEPS` steps: with ``gamma = 1`` and ``e = 0`` it would not converge."""
     ends = np.asarray(forecast, dtype=np.float64)[:, -1].tolist()
     alive = 1.0
     for end in ends:
         alive *= 1.0 - end
-    return gamma ** len(ends) * alive / (1.0 - gamma * (1.0 - ends[-1]))
+    ratio = 1.0 - gamma * (1.0 - ends[-1])
+    if ratio * TAIL_MAX_STEPS <= 1.0:
+        return gamma ** len(ends) * alive * TAIL_MAX_STEPS
+    return gamma ** len(ends) * alive / ratio
 
 
 def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass: float) -> None:

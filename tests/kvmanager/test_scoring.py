@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, validate_forecast
-from pbkv.kvmanager.scoring import history_sharpened
+from pbkv.kvmanager.scoring import TAIL_MAX_STEPS, beyond_horizon_mass, history_sharpened
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import run
@@ -443,3 +443,13 @@ def test_a_context_whose_agent_the_workflow_keeps_calling_ranks_above_an_idle_on
     assert eq_2["coder"] < eq_2["planner"]  # Eq. 2 alone ranks coder's context below
     assert busy.score > idle.score
     assert mgr.policy.priority(busy) > mgr.policy.priority(idle)  # evicted after it
+
+
+def test_the_tail_stays_finite_at_gamma_one_without_end():
+    """gamma = 1 with END never forecast: the geometric tail would diverge; it counts at
+    most TAIL_MAX_STEPS steps (found as a ZeroDivisionError that crashed the actor)."""
+    forecast = np.zeros((3, 3))
+    forecast[:, 0] = 1.0
+    u, _ = agent_weights(forecast, ("a", "b"), 1.0, {"a": 0.5, "b": 0.5})
+    assert u == {"a": 3.0 + 0.5 * TAIL_MAX_STEPS, "b": 0.5 * TAIL_MAX_STEPS}
+    assert beyond_horizon_mass(forecast, 0.8) == pytest.approx(0.8**3 / 0.2)  # unchanged
