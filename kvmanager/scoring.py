@@ -166,7 +166,9 @@ def _agent_weights(
     ``strict`` on this path (a keyword costs a third of the comprehension); the shape
     check has matched the columns to ``agents``, END last, so ``zip`` leaves END out.
     """
-    rows = _forecast_rows(forecast, len(agents))
+    rows = _plainly_valid(forecast, len(agents))
+    if rows is None:  # not clearly valid: accepted or refused exactly as before
+        rows = validate_forecast(forecast, len(agents)).tolist()
     if len(rows) == 3 and len(powers) >= 3:
         r1, r2, r3 = rows
         alive = 1.0 - r1[-1]
@@ -272,21 +274,6 @@ def _fold_rows(
         weights.append((powers[k] if k < len(powers) else gamma**k) * alive)
         alive *= 1.0 - row[-1]
     return _weighted_columns(weights, rows, array)
-
-
-def _forecast_rows(forecast: np.ndarray, n_agents: int) -> list[list[float]]:
-    """Return a well-formed forecast's rows as lists of floats (END last).
-
-    Checks in plain Python (:func:`_plainly_valid`); one that is not clearly valid goes
-    through :func:`validate_forecast`, which accepts or raises exactly as before.
-
-    Raises:
-        ValueError: the forecast is malformed (:func:`validate_forecast`).
-    """
-    rows = _plainly_valid(forecast, n_agents)
-    if rows is None:
-        rows = validate_forecast(forecast, n_agents).tolist()
-    return rows
 
 
 def _plainly_valid(forecast: np.ndarray, n_agents: int) -> list[list[float]] | None:
