@@ -371,7 +371,7 @@ class ScoreBoard:
         if ended_memory < 1:
             raise ValueError(f"ended_memory must be >= 1, got {ended_memory}")
         self.ended_memory = ended_memory
-        self.gamma = gamma
+        self._gamma = gamma
         self.beyond_horizon = beyond_horizon
         self.miss_rate = 1.0
         """Moving average of ``1 - P^(1)[agent]`` over the calls a step-1 forecast named
@@ -393,6 +393,12 @@ class ScoreBoard:
         self._ordinal: dict[str, int] = {}  # active workflows only: bounded like _nodes
         self._ordinals = itertools.count()
         self.refreshed_nodes = 0
+
+    @property
+    def gamma(self) -> float:
+        """The confidence decay ``gamma``, fixed at construction (its powers are taken
+        once)."""
+        return self._gamma
 
     def _each(self, groups: Iterable[Iterable[Node]]) -> None:
         for node in itertools.chain.from_iterable(groups):
@@ -539,7 +545,7 @@ class ScoreBoard:
         shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
         mix = self.history_weight(workflow_id) if shares else 0.0
         new, first = _agent_weights(
-            forecast, agents, self.gamma, self._powers, shares, self.miss_rate, mix
+            forecast, agents, self._gamma, self._powers, shares, self.miss_rate, mix
         )
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
