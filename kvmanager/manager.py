@@ -176,7 +176,7 @@ class KVManager:
         self.scores = ScoreBoard(
             self.tree.reprioritize,
             config.gamma,
-            reprioritize_all=self.tree.reprioritize_all,
+            reprioritize_groups=self.tree.reprioritize_groups,
             beyond_horizon=config.beyond_horizon,
         )
         self.waiting = WaitingPrefixes(self.tree, count_nodes=self.policy.queue_aware)
