@@ -18,6 +18,17 @@ policy. Three schedulers, by name:
 overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
 is admitted, so no request starves.
 
+Batch composition is the scheduler's call too. ``fcfs`` and ``lpm`` leave the engine
+its fixed chunk (``max_prefill_tokens`` a step, 8,192 in the sim as SGLang's chunked
+prefill on large GPUs): a step that carries a full chunk is compute-bound for seconds,
+and every decoding request gains one token in it. ``workflow`` asks for *balanced*
+(stall-free) batches instead: while requests decode, a step carries only the prefill
+tokens that fit in the decode step's idle compute (Sarathi-Serve's token budget). The
+prefill rate is the same (the GPU stays compute-bound), but decodes no longer stall, so
+requests give their blocks back sooner and more of them fit. Measured on hover (144
+workflows, c=72, mean latency): pbkv:workflow 723.26 s -> 569.05 s. ``fcfs-balanced`` is
+``fcfs`` with balanced batches, so batch composition's share is measured apart.
+
 ``workflow`` can also *retract* (``preempt=True``, registered as ``workflow-retract``;
 SGLang's word, vLLM's preemption by recompute): when the request that must go next (a
 starving one, or the best ranked) does not fit, running requests of younger workflows
@@ -64,6 +75,9 @@ class Scheduler(Protocol):
     """Admits queued requests through the KV manager while batch slots remain."""
 
     name: str
+    balanced_prefill: bool
+    """Whether the engine should cap each step's prefill at what the decode batch's
+    compute slack carries (stall-free batching) instead of its fixed chunk size."""
 
     def admit(
         self,
@@ -103,6 +117,9 @@ class FCFSScheduler:
 
     name = "fcfs"
 
+    def __init__(self, *, balanced_prefill: bool = False) -> None:
+        self.balanced_prefill = balanced_prefill
+
     def admit(
         self,
         kv: KVManager,
@@ -138,6 +155,7 @@ class _RankedScheduler:
 
     name = ""
     preempt = False  # whether :meth:`victims` may name any
+    balanced_prefill = False
 
     def __init__(self, max_bypass: int = DEFAULT_MAX_BYPASS) -> None:
         if max_bypass < 0:
@@ -277,6 +295,8 @@ class WorkflowScheduler(_RankedScheduler):
             (``None``: no cohort, nothing held back), > 0.
         preempt: retract younger workflows' running requests for the one that goes next.
         max_retractions: times one request may be retracted, >= 0.
+        balanced_prefill: ask the engine for stall-free batches (see the module
+            docstring).
 
     Raises:
         ValueError: ``value_bands < 1``, ``cohort_fill <= 0``, or negative
@@ -295,8 +315,10 @@ class WorkflowScheduler(_RankedScheduler):
         release_share: float = 0.3,
         preempt: bool = False,
         max_retractions: int = DEFAULT_MAX_RETRACTIONS,
+        balanced_prefill: bool = True,
     ) -> None:
         super().__init__(max_bypass)
+        self.balanced_prefill = balanced_prefill
         if not 0.0 <= release_share <= engage_share <= 1.0:
             raise ValueError(
                 f"need 0 <= release_share <= engage_share <= 1, got {release_share}, {engage_share}"
@@ -483,6 +505,14 @@ def _age(kv: KVManager, entry: Waiting) -> int:
     return NO_WORKFLOW if wid is None else kv.scores.ordinal(wid)
 
 
+def balanced_fcfs_scheduler() -> FCFSScheduler:
+    """Return ``fcfs`` with stall-free batches (``fcfs-balanced``), which measures the
+    share of a gain that batch composition alone gives."""
+    scheduler = FCFSScheduler(balanced_prefill=True)
+    scheduler.name = "fcfs-balanced"
+    return scheduler
+
+
 def retracting_workflow_scheduler() -> WorkflowScheduler:
     """Return the ``workflow`` scheduler with retraction on (``workflow-retract``)."""
     scheduler = WorkflowScheduler(preempt=True)
@@ -495,6 +525,7 @@ SCHEDULERS: dict[str, Callable[[], Scheduler]] = {
     "lpm": LPMScheduler,
     "workflow": WorkflowScheduler,
     "workflow-retract": retracting_workflow_scheduler,
+    "fcfs-balanced": balanced_fcfs_scheduler,
 }
 
 
