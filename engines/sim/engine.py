@@ -184,6 +184,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         # a request cancelled during the step has already left, its blocks released
         chunks = [(e, n) for e, n in chunks if not e.done.is_set()]
         decoding = [e for e in decoding if not e.done.is_set()]
+        # balanced chunks are small: commit each one's full blocks so others can hit them
+        commit_chunks = getattr(self.scheduler, "balanced_prefill", False)
         for entry, n in chunks:
             entry.prefill_pos += n
             self._prefill_tokens += n
@@ -192,6 +194,11 @@ class SimEngine(OwnedCacheEngine[_Entry]):
                 self.kv.commit(entry.admission, entry.keys)
                 entry.first_token_s = entry.first_token_s or now  # a resumption keeps its own
                 entry.generated = 1
+            elif commit_chunks:
+                assert entry.admission is not None
+                done = entry.keys[: entry.prefill_pos // self.kv.config.block_size]
+                if len(done) > entry.admission.committed_blocks:
+                    self.kv.commit(entry.admission, done)
         for entry in decoding:
             entry.generated += 1
             self._decode_tokens += 1
