@@ -149,7 +149,10 @@ class Bounds:
             (no eviction, no admission waits on memory; ``lru`` + ``fcfs-balanced``, the
             best batch composition the engines have, so a row with balanced batches
             does not undercut it): what the cache can give, not a bound on what an
-            admission order could.
+            admission order could. Under closed-loop load a scheduler that runs fewer
+            workflows at once finishes the first ones sooner and can go below it:
+            financebench c=32, pbkv:workflow 263.92 s against a 304.33 s floor (the
+            uncontested ``lru:workflow``, which runs everyone at once, 294.77 s).
         min_hit_rate / min_total_hit_rate: exact offline MIN at the GPU capacity, and
             at GPU + host capacity, over the recorded access order of ``min_order``'s
             run; no demand policy (no prefetch) beats them on that order.
