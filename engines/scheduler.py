@@ -26,8 +26,9 @@ and every decoding request gains one token in it. ``workflow`` asks for *balance
 tokens that fit in the decode step's idle compute (Sarathi-Serve's token budget). The
 prefill rate is the same (the GPU stays compute-bound), but decodes no longer stall, so
 requests give their blocks back sooner and more of them fit. Measured on hover (144
-workflows, c=72, mean latency): pbkv:workflow 723.26 s -> 569.05 s. ``fcfs-balanced`` is
-``fcfs`` with balanced batches, so batch composition's share is measured apart.
+workflows, c=72, mean latency): pbkv:workflow 723.26 s -> 556.43 s (lru:workflow 732.64 s,
+lru 1,057.68 s, lru:fcfs-balanced 875.06 s). ``fcfs-balanced`` is ``fcfs`` with balanced
+batches, so batch composition's share is measured apart.
 
 Small chunks stretch a prefill over many steps, so the sim engine commits each chunk's
 full blocks as it lands, and ``workflow`` holds a request whose next uncached block a
