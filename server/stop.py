@@ -2,8 +2,11 @@
 
 Plain code, no trio. The engine generates to its own end (end of turn or the token
 budget); the server cuts the text at the first stop sequence, as OpenAI's ``stop``
-does. While streaming, text that could be the start of a stop sequence is held back
-until it is known not to be one, so streamed pieces joined equal the whole reply.
+does. The stop that *completes* first wins, as in an engine that checks the text
+after every token (vLLM's stop strings): in ``"SbS"`` with stops ``["b", "SbS"]`` the
+reply is ``"S"``, since ``"b"`` is complete before ``"SbS"`` is. While streaming, text
+that could be the start of a stop sequence is held back until it is known not to be
+one, so streamed pieces joined equal the whole reply.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ class StopCutter:
         if not self._stops:
             return text
         held = self._held + text
-        hits = [i for i in (held.find(s) for s in self._stops) if i >= 0]
-        if hits:
+        start = self._first_stop(held)
+        if start is not None:
             self.stopped = True
             self._held = ""
-            return held[: min(hits)]
+            return held[:start]
         keep = self._partial_suffix(held)
         self._held = held[len(held) - keep :]
         return held[: len(held) - keep]
@@ -43,6 +46,12 @@ class StopCutter:
         """Return the text still held back (the generation ended without a stop)."""
         held, self._held = self._held, ""
         return "" if self.stopped else held
+
+    def _first_stop(self, text: str) -> int | None:
+        """Return where the stop that ends first in ``text`` begins (the earlier start
+        when two end together), or ``None``."""
+        found = [(i + len(s), i) for s in self._stops if (i := text.find(s)) >= 0]
+        return min(found)[1] if found else None
 
     def _partial_suffix(self, text: str) -> int:
         """Return the length of the longest end of ``text`` that begins a stop sequence."""

@@ -12,6 +12,15 @@ def test_cut_at_the_first_stop():
     assert cut("text", []) == ("text", False)
 
 
+def test_the_stop_completed_first_wins_streamed_or_whole():
+    # hypothesis found it: "b" is complete at "Sb", before "SbS" is, so a streamed reply
+    # stopped at "S" while the whole one was cut at "" (the earliest start)
+    assert cut("SbS", ["b", "SbS"]) == ("S", True)
+    cutter = StopCutter(["b", "SbS"])
+    assert cutter.feed("Sb") + cutter.feed("S") + cutter.flush() == "S"
+    assert cut("xSTOP", ["STOP", "xSTOP"]) == ("", True)  # ending together: earlier start
+
+
 def test_a_stop_split_across_pieces_is_held_back_then_cut():
     cutter = StopCutter(["\nObservation:"])
     assert cutter.feed("Thought: x\nObs") == "Thought: x"
