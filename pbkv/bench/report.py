@@ -58,7 +58,8 @@ def comparison_table(
     if bounds is not None:
         caption += (
             f"; ceiling: infinite cache, any order; MIN: exact offline over {bounds.min_order}'s "
-            "access order (bounds demand policies); floor: a GPU tier that holds everything"
+            "access order (bounds demand policies); floor: a GPU tier that holds everything, "
+            "all admitted at once (a scheduler that holds some back can go below it)"
         )
     table = Table(title=title, caption=caption)
     headers = (
