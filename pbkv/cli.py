@@ -60,6 +60,7 @@ def _policies(text: str) -> tuple[str, ...]:
 
 def _add_workload_options(p: argparse.ArgumentParser) -> None:
     from pbkv.bench.compare import BenchConfig
+    from pbkv.engines.scheduler import SCHEDULERS
 
     d = BenchConfig()
     p.add_argument("--app", default=d.app, help=APP_HELP)
@@ -72,11 +73,12 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--scheduler",
-        choices=("fcfs", "lpm", "workflow", "workflow-retract"),
+        choices=tuple(SCHEDULERS),
         default=None,
         help="admission scheduler for every policy not naming one (default: pbkv and "
         "pbkv-aggressive run workflow, the others fcfs); workflow-retract also pauses "
-        "younger workflows' running requests for the one that must go next",
+        "younger workflows' running requests for the one that must go next; "
+        "fcfs-balanced is fcfs with workflow's stall-free batches",
     )
     p.add_argument(
         "--workflows", type=_positive_int, default=d.workflows, help="workflows in the workload"
