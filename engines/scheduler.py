@@ -34,11 +34,11 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs
-from pbkv.engines.base import EngineError
-from pbkv.kvmanager import Admission, KVManager
+from pbkv.engines.base import EngineError, GenerateRequest
+from pbkv.kvmanager import Admission, AdmitRequest, KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
 
 E = TypeVar("E", bound=Waiting)
@@ -58,6 +58,14 @@ but swebench at c=24 (96 workflows) wants more: pbkv 358.96 s at 0.46, 352.86 s 
 
 DEFAULT_MAX_RETRACTIONS = 2
 """Times one request may be retracted (paused and requeued) before it runs to its end."""
+
+
+class _Built(NamedTuple):
+    """The KV manager's view of a queued entry, and what it was built from."""
+
+    entry: Waiting
+    asked: GenerateRequest
+    request: AdmitRequest
 
 
 class Scheduler(Protocol):
@@ -144,6 +152,7 @@ class _RankedScheduler:
             raise ValueError(f"max_bypass must be >= 0, got {max_bypass}")
         self.max_bypass = max_bypass
         self._bypassed: dict[int, int] = {}  # id(entry) -> times overtaken
+        self._requests: dict[int, _Built] = {}  # id(entry) -> its view, see _request_of
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
@@ -175,6 +184,8 @@ class _RankedScheduler:
         held = self.deferred(kv, waiting, prefill_share)
         live = {id(e) for e in waiting}
         self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
+        if len(self._requests) > len(live):
+            self._requests = {k: v for k, v in self._requests.items() if k in live}
         arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
         starving = [e for e in waiting if self._bypassed.get(id(e), 0) >= self.max_bypass]
         first = {id(e) for e in starving}
@@ -190,7 +201,7 @@ class _RankedScheduler:
             spare_only = id(entry) in held and bool(running or admitted)
             try:
                 admission = (
-                    kv.try_admit(admission_of(entry), retired_only=spare_only)
+                    kv.try_admit(self._request_of(entry), retired_only=spare_only)
                     if free_slots > 0
                     else None
                 )
@@ -219,6 +230,23 @@ class _RankedScheduler:
             admitted.append(entry)
             on_admit(entry, admission)
         self._count_bypasses(waiting, admitted, arrival)
+
+    def _request_of(self, entry: Waiting) -> AdmitRequest:
+        """Return :func:`admission_of` ``entry``, built once per queued entry: a request
+        held back is tried on every step, and its view changes only when a retraction
+        gives it a new request, keys and count."""
+        built = self._requests.get(id(entry))
+        if (
+            built is not None
+            and built.entry is entry  # held, so its id is not reused while cached
+            and built.asked is entry.request
+            and built.request.keys is entry.keys
+            and built.request.resumed == (entry.retractions > 0)
+        ):
+            return built.request
+        request = admission_of(entry)
+        self._requests[id(entry)] = _Built(entry, entry.request, request)
+        return request
 
     def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
         """Return the running requests to retract so that ``entry`` fits (none here).

@@ -272,6 +272,9 @@ class KVManager:
                 f"request needs {total} GPU blocks; the tier holds "
                 f"{self.config.gpu_capacity_blocks}"
             )
+        if self._refused_as_is(request, total, retired_only):
+            self._counters.rejected_admissions += 1
+            return None
         match = self.tree.match_prefix(request.keys, request.namespace)
         lease = self.tree.lock(match.node)
         try:
@@ -300,6 +303,57 @@ class KVManager:
             private_blocks=private,
             committed_blocks=matched,
         )
+
+    def _refused_as_is(self, request: AdmitRequest, total: int, retired_only: bool) -> bool:
+        """Return whether :meth:`try_admit` would refuse ``request`` and leave the cache
+        as it is: decided from the queue's index (:meth:`note_queue`), without matching,
+        leasing or evicting, so a queued request retried on every scheduler step costs
+        its walk's length, not a match, lock, eviction scan and unlock.
+
+        ``True`` only when the index holds the request's walk current, the match would
+        split no node, and the request fails one of :meth:`_reserve`'s tests before any
+        eviction: an in-flight load below one it would start, too few unleased GPU
+        blocks outside its prefix, or (``retired_only``) a lowest eviction candidate
+        outside its prefix that is not retired, so the eviction would stop at once.
+        ``False`` means "try it": the full path decides, with its side effects.
+
+        Does not modify anything.
+        """
+        walk = self.waiting.current_walk(request.keys, request.namespace)
+        if walk is None:
+            return False
+        path, spans = walk
+        if path and spans[-1] < path[-1].num_blocks:
+            return False  # match_prefix would split the last node
+        tree = self.tree
+        unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
+        # at least what it lacks (host-only blocks to load come on top)
+        short = total - sum(spans) - tree.gpu.num_free
+        if short > 0:
+            if short > unleased:
+                return True  # _make_gpu_room refuses before evicting
+            if retired_only and self.belady is None:
+                lowest = tree.lowest_candidate("gpu")
+                if lowest is None or (not lowest.retired and lowest not in path):
+                    return True  # the eviction stops at once, short of room
+        own = to_load = 0  # the prefix's unleased GPU blocks; host-only blocks to load
+        for node in path:  # GPU nodes first (residency is prefix-closed), then host-only
+            if node.gpu_blocks is not None:
+                if node.lock_count == 0:
+                    own += len(node.gpu_blocks)
+            elif not node.loading:
+                to_load += node.num_blocks
+            elif to_load:
+                return True  # an in-flight load below one it would start: it must wait
+        short += to_load
+        if short <= 0:
+            return False  # it fits
+        if unleased - own < short:
+            return True  # _make_gpu_room refuses before evicting
+        if not retired_only or self.belady is not None:
+            return False  # the eviction would free enough (belady refreshes first)
+        lowest = tree.lowest_candidate("gpu")
+        return lowest is None or (not lowest.retired and lowest not in path)
 
     def _reserve(
         self, match: MatchResult, total: int, retired_only: bool = False

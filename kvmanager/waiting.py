@@ -152,6 +152,20 @@ class WaitingPrefixes:
             return None
         return walk.matched_blocks
 
+    def current_walk(
+        self, keys: list[int], namespace: str = ""
+    ) -> tuple[tuple[Node, ...], tuple[int, ...]] | None:
+        """Return a queued prompt's walk as (nodes, blocks matched in each), as
+        :meth:`RadixTree.peek_spans` would give it now, or ``None`` when the index does
+        not hold it current (see :meth:`cached_blocks`). Do not modify the tuples.
+
+        Does not modify anything.
+        """
+        walk = self._walks.get(id(keys))
+        if walk is None or walk.stale or walk.keys is not keys or walk.namespace != namespace:
+            return None
+        return walk.path, walk.spans
+
     def take_changes(self) -> list[tuple[Node, int]]:
         """Return ``(node, count)`` for each node whose count differs from what it was at
         the last call (0: no queued request visits it any more)."""
