@@ -34,6 +34,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
 from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs
@@ -66,6 +67,34 @@ class _Built(NamedTuple):
     entry: Waiting
     asked: GenerateRequest
     request: AdmitRequest
+
+
+@dataclass(eq=False, slots=True)
+class _Quiet:
+    """What one admission call saw, kept when it admitted, rejected and changed nothing.
+
+    Its outcome is a function of the tree (its :attr:`~pbkv.kvmanager.RadixTree.version`
+    says whether it changed), the order entries are tried in, which of them are held
+    back and whether anything runs; with all of these the same, a call would try the
+    same ``tried`` entries and be refused each time again.
+    """
+
+    kv: KVManager
+    version: int
+    order: list[Waiting]
+    held: set[int]
+    running: bool
+    tried: int = 0
+
+    def same_as(self, other: _Quiet | None) -> bool:
+        return (
+            other is not None
+            and other.kv is self.kv
+            and other.version == self.version
+            and other.running == self.running
+            and other.held == self.held
+            and _same(other.order, self.order)
+        )
 
 
 class Scheduler(Protocol):
@@ -153,6 +182,8 @@ class _RankedScheduler:
         self.max_bypass = max_bypass
         self._bypassed: dict[int, int] = {}  # id(entry) -> times overtaken
         self._requests: dict[int, _Built] = {}  # id(entry) -> its view, see _request_of
+        self._quiet: _Quiet | None = None  # the last call, if it tried and changed nothing
+        self._queue: list[Waiting] = []  # the queue _forget_gone last saw
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
@@ -182,17 +213,19 @@ class _RankedScheduler:
         if not waiting or (free_slots <= 0 and not candidates):
             return
         held = self.deferred(kv, waiting, prefill_share)
-        live = {id(e) for e in waiting}
-        self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
-        if len(self._requests) > len(live):
-            self._requests = {k: v for k, v in self._requests.items() if k in live}
-        arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
-        starving = [e for e in waiting if self._bypassed.get(id(e), 0) >= self.max_bypass]
-        first = {id(e) for e in starving}
-        rest = [e for e in self.rank(kv, waiting) if id(e) not in first]
+        queue = list(waiting)
+        if not _same(queue, self._queue):
+            self._forget_gone(queue)
+        order = self._order(kv, queue)
+        quiet = None if candidates else _Quiet(kv, kv.tree.version, order, held, bool(running))
+        if quiet is not None and quiet.same_as(self._quiet):
+            assert self._quiet is not None
+            kv.count_refusals(self._quiet.tried)  # what trying them again would count
+            return
+        tried = 0
         admitted: list[E] = []
         in_order = True  # every entry tried so far was admitted: this one goes next
-        for entry in [*starving, *rest]:
+        for entry in order:
             may_retract = in_order and bool(candidates)
             if free_slots <= 0 and not may_retract:
                 break
@@ -200,11 +233,10 @@ class _RankedScheduler:
             # retired space: then it costs no cached context and keeps the batch full.
             spare_only = id(entry) in held and bool(running or admitted)
             try:
-                admission = (
-                    kv.try_admit(self._request_of(entry), retired_only=spare_only)
-                    if free_slots > 0
-                    else None
-                )
+                admission = None
+                if free_slots > 0:
+                    tried += 1
+                    admission = kv.try_admit(self._request_of(entry), retired_only=spare_only)
                 if admission is None and may_retract and not spare_only:
                     assert on_retract is not None
                     victims = self.victims(kv, entry, candidates, need_slot=free_slots <= 0)
@@ -229,7 +261,30 @@ class _RankedScheduler:
             free_slots -= 1
             admitted.append(entry)
             on_admit(entry, admission)
-        self._count_bypasses(waiting, admitted, arrival)
+        self._count_bypasses(queue, held, waiting, admitted)
+        if quiet is not None and len(waiting) == len(queue) and quiet.version == kv.tree.version:
+            quiet.tried = tried  # nothing admitted or rejected, and the tree as it was
+        else:
+            quiet = None
+        self._quiet = quiet
+
+    def _order(self, kv: KVManager, queue: list[E]) -> list[E]:
+        """Return ``queue`` in the order to try it: requests overtaken ``max_bypass``
+        times first, in arrival order, then the rest as :meth:`rank` orders them."""
+        ranked = self.rank(kv, queue)
+        if max(self._bypassed.values(), default=0) < self.max_bypass:
+            return ranked
+        starving = [e for e in queue if self._bypassed.get(id(e), 0) >= self.max_bypass]
+        first = {id(e) for e in starving}
+        return [*starving, *(e for e in ranked if id(e) not in first)]
+
+    def _forget_gone(self, queue: list[Waiting]) -> None:
+        """Drop what is kept per entry for entries no longer queued; remember ``queue``."""
+        self._queue = queue  # held, so the ids below are not reused while it is
+        live = {id(e) for e in queue}
+        self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
+        if len(self._requests) > len(live):
+            self._requests = {k: v for k, v in self._requests.items() if k in live}
 
     def _request_of(self, entry: Waiting) -> AdmitRequest:
         """Return :func:`admission_of` ``entry``, built once per queued entry: a request
@@ -256,11 +311,18 @@ class _RankedScheduler:
         return []
 
     def _count_bypasses(
-        self, waiting: Sequence[E], admitted: Sequence[E], arrival: dict[int, int]
+        self,
+        queue: Sequence[E],
+        held: set[int],
+        waiting: Sequence[E],
+        admitted: Sequence[E],
     ) -> None:
-        """Charge each still-waiting request once per later arrival admitted before it."""
+        """Charge each still-waiting request of ``queue`` (the queue before admission,
+        in arrival order) once per later arrival admitted before it; ``held`` entries
+        are not charged and do not count as arrivals."""
         if not admitted:
             return
+        arrival = {id(e): i for i, e in enumerate(queue) if id(e) not in held}
         for entry in waiting:
             mine = arrival.get(id(entry))
             if mine is None:
@@ -356,6 +418,7 @@ class WorkflowScheduler(_RankedScheduler):
         self._ranked_ages: list[int] = []
         self._ranked_kv: KVManager | None = None
         self._ranked_version = -1
+        self._ranked_ordinals = -1  # ScoreBoard.ordinals_version the ranking read
 
     def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
         """Return the running requests to retract so that ``entry`` fits.
@@ -468,11 +531,21 @@ class WorkflowScheduler(_RankedScheduler):
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         entries = list(waiting)
-        ordinal = kv.scores.ordinal
+        index, scores = kv.waiting, kv.scores
+        # The ranking reads the queue, its index's cached lengths (current while the
+        # index's version stays) and the workflows' ordinals (while their version stays,
+        # the ages are the same and reading them again would assign none).
+        if (
+            kv is self._ranked_kv
+            and index.version == self._ranked_version
+            and scores.ordinals_version == self._ranked_ordinals
+            and _same(entries, self._ranked_for)
+        ):
+            return list(self._ranked)  # type: ignore[arg-type]
+        ordinal = scores.ordinal
         ages = [  # as eviction ranks
             NO_WORKFLOW if (wid := e.request.workflow_id) is None else ordinal(wid) for e in entries
         ]
-        index = kv.waiting
         # cached lengths come from the queue's index when it holds this queue, current
         indexed = index.current and [id(e.keys) for e in entries] == index.order
         if (
@@ -482,6 +555,7 @@ class WorkflowScheduler(_RankedScheduler):
             and ages == self._ranked_ages
             and _same(entries, self._ranked_for)
         ):
+            self._ranked_ordinals = scores.ordinals_version
             return list(self._ranked)  # type: ignore[arg-type]
         bs, bands = kv.config.block_size, self.value_bands
 
@@ -495,6 +569,7 @@ class WorkflowScheduler(_RankedScheduler):
         if indexed:
             self._ranked_kv, self._ranked_version = kv, index.version
             self._ranked, self._ranked_for, self._ranked_ages = ranked, entries, ages
+            self._ranked_ordinals = scores.ordinals_version
         else:
             self._ranked_version = -1
         return list(ranked)

@@ -184,6 +184,10 @@ class KVManager:
         self.tree.hooks.on_remove = self._on_remove
         self.tree.hooks.on_insert = self.waiting.on_insert
         self._counters = _Counters()
+        # what _refused_as_is reads of the tree, as of tree version _room_at
+        self._room_at = -1
+        self._free = self._unleased = 0
+        self._lowest: Node | None = None
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -254,15 +258,18 @@ class KVManager:
 
         Returns:
             The admission, or ``None`` when the GPU cannot hold the request now (it
-            stays queued; nothing changed but the eviction already done).
+            stays queued; nothing changed but the eviction already done). A queued
+            request (:meth:`note_queue`) that would be refused with nothing changed is
+            refused without matching, leasing or evicting (see :meth:`_refused_as_is`).
 
         Raises:
             ValueError: the request can never fit in the GPU tier.
 
         Mutates: the tree (match splits, leases, evictions, loads), statistics.
         """
-        total = self.blocks_needed(request.prompt_tokens, request.max_new_tokens)
-        if len(request.keys) > request.prompt_tokens // self.config.block_size:
+        bs = self.config.block_size
+        total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)  # blocks_needed
+        if len(request.keys) > request.prompt_tokens // bs:
             raise ValueError(
                 f"{len(request.keys)} block keys for a {request.prompt_tokens}-token prompt "
                 f"(block size {self.config.block_size})"
@@ -292,7 +299,6 @@ class KVManager:
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
-        bs = self.config.block_size
         return Admission(
             request=request,
             lease=lease,
@@ -303,6 +309,15 @@ class KVManager:
             private_blocks=private,
             committed_blocks=matched,
         )
+
+    def count_refusals(self, requests: int) -> None:
+        """Count ``requests`` admissions as refused without trying them: a scheduler
+        that tried them at this :attr:`RadixTree.version` and was refused each time with
+        nothing changed knows :meth:`try_admit` would refuse them again.
+
+        Mutates: statistics only (``rejected_admissions``).
+        """
+        self._counters.rejected_admissions += requests
 
     def _refused_as_is(self, request: AdmitRequest, total: int, retired_only: bool) -> bool:
         """Return whether :meth:`try_admit` would refuse ``request`` and leave the cache
@@ -317,25 +332,25 @@ class KVManager:
         outside its prefix that is not retired, so the eviction would stop at once.
         ``False`` means "try it": the full path decides, with its side effects.
 
-        Does not modify anything.
+        Does not modify the cache (it keeps what it read of the tree per tree version).
         """
         walk = self.waiting.current_walk(request.keys, request.namespace)
-        if walk is None:
-            return False
-        path, spans = walk
-        if path and spans[-1] < path[-1].num_blocks:
-            return False  # match_prefix would split the last node
+        if walk is None or not walk.whole:
+            return False  # unknown, or match_prefix would split the last node
         tree = self.tree
-        unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
+        if self._room_at != tree.version:  # free and unleased GPU blocks, lowest candidate
+            self._room_at = tree.version
+            self._free = tree.gpu.num_free
+            self._unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
+            self._lowest = tree.lowest_candidate("gpu")
+        path = walk.path
         # at least what it lacks (host-only blocks to load come on top)
-        short = total - sum(spans) - tree.gpu.num_free
+        short = total - walk.matched_blocks - self._free
         if short > 0:
-            if short > unleased:
+            if short > self._unleased:
                 return True  # _make_gpu_room refuses before evicting
-            if retired_only and self.belady is None:
-                lowest = tree.lowest_candidate("gpu")
-                if lowest is None or (not lowest.retired and lowest not in path):
-                    return True  # the eviction stops at once, short of room
+            if retired_only and self.belady is None and _stops_at(self._lowest, path):
+                return True  # the eviction stops at once, short of room
         own = to_load = 0  # the prefix's unleased GPU blocks; host-only blocks to load
         for node in path:  # GPU nodes first (residency is prefix-closed), then host-only
             if node.gpu_blocks is not None:
@@ -348,12 +363,11 @@ class KVManager:
         short += to_load
         if short <= 0:
             return False  # it fits
-        if unleased - own < short:
+        if self._unleased - own < short:
             return True  # _make_gpu_room refuses before evicting
         if not retired_only or self.belady is not None:
             return False  # the eviction would free enough (belady refreshes first)
-        lowest = tree.lowest_candidate("gpu")
-        return lowest is None or (not lowest.retired and lowest not in path)
+        return _stops_at(self._lowest, path)
 
     def _reserve(
         self, match: MatchResult, total: int, retired_only: bool = False
@@ -694,3 +708,10 @@ class KVManager:
         self.tree.check_integrity()
         self.scores.check_integrity()
         self.waiting.check_integrity()
+
+
+def _stops_at(lowest: Node | None, path: Sequence[Node]) -> bool:
+    """Return whether a retired-only GPU eviction for a request leasing ``path`` frees
+    nothing: the lowest candidate is outside ``path`` and not retired, or there is none
+    (``lowest`` on ``path`` leaves it open: the lease would skip it)."""
+    return lowest is None or (not lowest.retired and lowest not in path)
