@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, TypeVar
 
 from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs
@@ -97,6 +97,15 @@ class _Quiet:
         )
 
 
+@dataclass(slots=True)
+class _Spare:
+    """Held entries' keys (``id``) that a retired-only admission would refuse as things
+    stand at tree ``version`` (:meth:`KVManager.refusals`)."""
+
+    version: int = -1
+    refused: set[int] = field(default_factory=set)
+
+
 class Scheduler(Protocol):
     """Admits queued requests through the KV manager while batch slots remain."""
 
@@ -135,10 +144,46 @@ def note_waiting(kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = Fa
         kv.note_queue((e.keys, e.request.namespace) for e in waiting)
 
 
+class _QueueNotes:
+    """:func:`note_waiting`, skipped while the queue and the KV manager's index of it
+    are as the last call left them (the same entries with the same key lists, the
+    index's version unchanged and every walk current): syncing it again would walk and
+    re-key nothing."""
+
+    def __init__(self) -> None:
+        self._kv: KVManager | None = None
+        self._version = -1
+        self._queue: list[Waiting] = []
+        self._keys: list[list[int]] = []
+
+    def note(self, kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
+        if not (ranked or kv.policy.queue_aware):
+            return
+        index = kv.waiting
+        if (
+            kv is self._kv
+            and index.version == self._version
+            and index.current
+            and _same(waiting, self._queue)
+            and all(map(operator.is_, map(_KEYS, waiting), self._keys))
+        ):
+            return
+        queue = list(waiting)
+        note_waiting(kv, queue, ranked=ranked)
+        self._kv, self._version = kv, index.version
+        self._queue, self._keys = queue, [e.keys for e in queue]
+
+
+_KEYS = operator.attrgetter("keys")
+
+
 class FCFSScheduler:
     """Arrival order; stop at the first request that does not fit (see :func:`admit_fcfs`)."""
 
     name = "fcfs"
+
+    def __init__(self) -> None:
+        self._notes = _QueueNotes()
 
     def admit(
         self,
@@ -154,7 +199,7 @@ class FCFSScheduler:
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
         """Admit in arrival order; never retracts (what SGLang's and vLLM's users get)."""
-        note_waiting(kv, waiting)
+        self._notes.note(kv, waiting)
         admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
 
 
@@ -181,9 +226,11 @@ class _RankedScheduler:
             raise ValueError(f"max_bypass must be >= 0, got {max_bypass}")
         self.max_bypass = max_bypass
         self._bypassed: dict[int, int] = {}  # id(entry) -> times overtaken
+        self._notes = _QueueNotes()
         self._requests: dict[int, _Built] = {}  # id(entry) -> its view, see _request_of
         self._quiet: _Quiet | None = None  # the last call, if it tried and changed nothing
         self._queue: list[Waiting] = []  # the queue _forget_gone last saw
+        self._views: dict[int, AdmitRequest] = {}  # id(entry) -> its view, for _queue
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
@@ -208,7 +255,7 @@ class _RankedScheduler:
         retractable: Sequence[R] = (),
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
-        note_waiting(kv, waiting, ranked=True)
+        self._notes.note(kv, waiting, ranked=True)
         candidates = list(retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
@@ -222,21 +269,32 @@ class _RankedScheduler:
             assert self._quiet is not None
             kv.count_refusals(self._quiet.tried)  # what trying them again would count
             return
-        tried = 0
+        tried = skipped = 0
+        spare = _Spare()
         admitted: list[E] = []
         in_order = True  # every entry tried so far was admitted: this one goes next
-        for entry in order:
+        for i, entry in enumerate(order):
             may_retract = in_order and bool(candidates)
             if free_slots <= 0 and not may_retract:
                 break
             # Held back while other work keeps the GPU busy, unless it fits in free and
             # retired space: then it costs no cached context and keeps the batch full.
             spare_only = id(entry) in held and bool(running or admitted)
+            if spare_only and free_slots > 0:
+                if spare.version != kv.tree.version:  # what try_admit would refuse as is
+                    views = self._views
+                    rest = [views[id(e)] for e in order[i:] if id(e) in held]
+                    spare.refused = kv.refusals(rest, retired_only=True)
+                    spare.version = kv.tree.version
+                if id(entry.keys) in spare.refused:
+                    tried += 1
+                    skipped += 1
+                    continue
             try:
                 admission = None
                 if free_slots > 0:
                     tried += 1
-                    admission = kv.try_admit(self._request_of(entry), retired_only=spare_only)
+                    admission = kv.try_admit(self._views[id(entry)], retired_only=spare_only)
                 if admission is None and may_retract and not spare_only:
                     assert on_retract is not None
                     victims = self.victims(kv, entry, candidates, need_slot=free_slots <= 0)
@@ -261,6 +319,7 @@ class _RankedScheduler:
             free_slots -= 1
             admitted.append(entry)
             on_admit(entry, admission)
+        kv.count_refusals(skipped)
         self._count_bypasses(queue, held, waiting, admitted)
         if quiet is not None and len(waiting) == len(queue) and quiet.version == kv.tree.version:
             quiet.tried = tried  # nothing admitted or rejected, and the tree as it was
@@ -279,10 +338,17 @@ class _RankedScheduler:
         return [*starving, *(e for e in ranked if id(e) not in first)]
 
     def _forget_gone(self, queue: list[Waiting]) -> None:
-        """Drop what is kept per entry for entries no longer queued; remember ``queue``."""
+        """Remember ``queue`` and each entry's view (:meth:`_request_of`); drop what is
+        kept for entries no longer queued.
+
+        An entry changes only while it runs (a retraction gives it a new request and
+        keys), and one that left the queue comes back only after a later call, so the
+        views hold while the queue stays the same entries in the same order.
+        """
         self._queue = queue  # held, so the ids below are not reused while it is
         live = {id(e) for e in queue}
         self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
+        self._views = {id(e): self._request_of(e) for e in queue}
         if len(self._requests) > len(live):
             self._requests = {k: v for k, v in self._requests.items() if k in live}
 

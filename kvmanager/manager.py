@@ -23,7 +23,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
-from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
+from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,17 @@ class Admission:
         return self.request.prompt_tokens - self.cached_gpu_tokens - self.cached_host_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """A queued request's GPU blocks at its peak (``total``), those beyond its cached
+    prefix (``blocks``, before loads) and its walk (``None``: not current, or a match
+    would split a node)."""
+
+    total: int
+    blocks: int
+    walk: QueuedWalk | None
+
+
 @dataclass(slots=True)
 class _Counters:
     requests: int = 0
@@ -188,6 +199,9 @@ class KVManager:
         self._room_at = -1
         self._free = self._unleased = 0
         self._lowest: Node | None = None
+        # what refusals() keeps per queued request while the index's version stays
+        self._needs_at = -1
+        self._needs: dict[int, _Need] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -319,6 +333,61 @@ class KVManager:
         """
         self._counters.rejected_admissions += requests
 
+    def refusals(self, requests: Iterable[AdmitRequest], *, retired_only: bool = False) -> set[int]:
+        """Return ``id(request.keys)`` of each of ``requests`` that :meth:`try_admit`
+        would refuse now without trying, the cache as it is (see :meth:`_refused_as_is`).
+
+        One pass for a scheduler that tries many queued requests in a row (those it
+        holds back, retried on every step); valid while :attr:`RadixTree.version` stays.
+        A request :meth:`try_admit` would reject with ``ValueError`` is never named.
+        Counts nothing: the caller counts what it refuses (:meth:`count_refusals`).
+
+        Does not modify the cache.
+        """
+        bs, capacity = self.config.block_size, self.config.gpu_capacity_blocks
+        self._read_room()
+        lowest, free, index = self._lowest, self._free, self.waiting
+        # Retired-only, with the lowest candidate active (or none): a request whose
+        # current, whole walk avoids that candidate is refused iff it lacks free blocks
+        # (see _refused_as_is); its shortfall is kept while the index's walks stay.
+        quick = retired_only and self.belady is None and (lowest is None or not lowest.retired)
+        if self._needs_at != index.version:
+            self._needs_at, self._needs = index.version, {}
+        needs = self._needs
+        refused: set[int] = set()
+        for request in requests:
+            key = id(request.keys)
+            total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)
+            if len(request.keys) > request.prompt_tokens // bs or total > capacity:
+                continue  # try_admit raises
+            if quick:
+                need = needs.get(key)
+                if need is None or need.total != total:
+                    need = needs[key] = self._need(request, total)
+                walk = need.walk
+                if walk is not None and need.blocks > free and lowest not in walk.path:
+                    refused.add(key)  # (lowest is None or active: see quick)
+                    continue
+            if self._refused_as_is(request, total, retired_only):
+                refused.add(key)
+        return refused
+
+    def _need(self, request: AdmitRequest, total: int) -> _Need:
+        walk = self.waiting.current_walk(request.keys, request.namespace)
+        if walk is None or not walk.whole:
+            return _Need(total, 0, None)
+        return _Need(total, total - walk.matched_blocks, walk)
+
+    def _read_room(self) -> None:
+        """Read free and unleased GPU blocks and the lowest GPU candidate, once per tree
+        version."""
+        tree = self.tree
+        if self._room_at != tree.version:
+            self._room_at = tree.version
+            self._free = tree.gpu.num_free
+            self._unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
+            self._lowest = tree.lowest_candidate("gpu")
+
     def _refused_as_is(self, request: AdmitRequest, total: int, retired_only: bool) -> bool:
         """Return whether :meth:`try_admit` would refuse ``request`` and leave the cache
         as it is: decided from the queue's index (:meth:`note_queue`), without matching,
@@ -337,19 +406,17 @@ class KVManager:
         walk = self.waiting.current_walk(request.keys, request.namespace)
         if walk is None or not walk.whole:
             return False  # unknown, or match_prefix would split the last node
-        tree = self.tree
-        if self._room_at != tree.version:  # free and unleased GPU blocks, lowest candidate
-            self._room_at = tree.version
-            self._free = tree.gpu.num_free
-            self._unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
-            self._lowest = tree.lowest_candidate("gpu")
-        path = walk.path
+        self._read_room()
+        path, lowest = walk.path, self._lowest
+        # A retired-only eviction frees nothing when the lowest candidate is active and
+        # off the request's prefix (on it, the lease would skip it), or there is none.
+        stops = retired_only and (lowest is None or (not lowest.retired and lowest not in path))
         # at least what it lacks (host-only blocks to load come on top)
         short = total - walk.matched_blocks - self._free
         if short > 0:
             if short > self._unleased:
                 return True  # _make_gpu_room refuses before evicting
-            if retired_only and self.belady is None and _stops_at(self._lowest, path):
+            if stops and self.belady is None:
                 return True  # the eviction stops at once, short of room
         own = to_load = 0  # the prefix's unleased GPU blocks; host-only blocks to load
         for node in path:  # GPU nodes first (residency is prefix-closed), then host-only
@@ -365,9 +432,7 @@ class KVManager:
             return False  # it fits
         if self._unleased - own < short:
             return True  # _make_gpu_room refuses before evicting
-        if not retired_only or self.belady is not None:
-            return False  # the eviction would free enough (belady refreshes first)
-        return _stops_at(self._lowest, path)
+        return stops and self.belady is None  # else the eviction frees enough
 
     def _reserve(
         self, match: MatchResult, total: int, retired_only: bool = False
@@ -708,10 +773,3 @@ class KVManager:
         self.tree.check_integrity()
         self.scores.check_integrity()
         self.waiting.check_integrity()
-
-
-def _stops_at(lowest: Node | None, path: Sequence[Node]) -> bool:
-    """Return whether a retired-only GPU eviction for a request leasing ``path`` frees
-    nothing: the lowest candidate is outside ``path`` and not retired, or there is none
-    (``lowest`` on ``path`` leaves it open: the lease would skip it)."""
-    return lowest is None or (not lowest.retired and lowest not in path)
