@@ -624,13 +624,15 @@ class WorkflowScheduler(_RankedScheduler):
             self._ranked_ordinals = scores.ordinals_version
             return list(self._ranked)  # type: ignore[arg-type]
         bs, bands = kv.config.block_size, self.value_bands
-
-        def band(entry: E) -> int:
-            cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
+        # the index holds every entry's walk when ``indexed``; else walk the tree
+        lookup = index.cached_blocks if indexed else kv.queued_cached_blocks
+        keys = []
+        for entry, age in zip(entries, ages, strict=True):
+            cached = lookup(entry.keys, entry.request.namespace)
+            if cached is None:
+                cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
             share = cached * bs / max(1, len(entry.request.prompt_token_ids))
-            return min(bands - 1, int(share * bands))
-
-        keys = [(-band(e), age) for e, age in zip(entries, ages, strict=True)]
+            keys.append((-min(bands - 1, int(share * bands)), age))
         ranked = [entries[i] for i in sorted(range(len(entries)), key=keys.__getitem__)]
         if indexed:
             self._ranked_kv, self._ranked_version = kv, index.version
