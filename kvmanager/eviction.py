@@ -21,7 +21,8 @@ class EvictionIndex:
     """Min-priority index of eviction candidates for one tier.
 
     Args:
-        priority: the policy's key for a node; the smallest key is evicted first.
+        priority: the policy's key for a node; the smallest key is evicted first. Keys
+            of one index all have one length (each policy's do).
         is_candidate: whether a node may be evicted from this tier right now (resident,
             unleased, no resident child in the tier).
     """
@@ -31,10 +32,12 @@ class EvictionIndex:
     ) -> None:
         self._priority = priority
         self._is_candidate = is_candidate
-        # (priority, serial, version, node): equal priorities go by node serial (creation
+        # (*priority, serial, version, node): equal priorities go by node serial (creation
         # order), never by update order, which follows set iteration over nodes (memory
-        # addresses) and would make runs differ.
-        self._heap: list[tuple[Priority, int, int, Node]] = []
+        # addresses) and would make runs differ. One policy's keys all have one length,
+        # so the flat entry orders as (priority, serial, version) would, with half the
+        # tuple comparisons per sift.
+        self._heap: list[tuple[Any, ...]] = []
         self._version: dict[int, int] = {}
         self._seq = itertools.count()
 
@@ -49,9 +52,11 @@ class EvictionIndex:
         # A fresh global number, never reused: a per-node count restarting after
         # remove() would let an old heap entry pass as current.
         version = next(self._seq)
-        self._version[node.serial] = version
-        heapq.heappush(self._heap, (self._priority(node), node.serial, version, node))
-        if len(self._heap) > 4 * len(self._version) + 1024:
+        serial = node.serial
+        self._version[serial] = version
+        heap = self._heap
+        heapq.heappush(heap, (*self._priority(node), serial, version, node))
+        if len(heap) > 4 * len(self._version) + 1024:
             self._compact()
 
     def remove(self, node: Node) -> None:
@@ -64,8 +69,9 @@ class EvictionIndex:
         Mutates: the returned node leaves the index; call :meth:`update` to put it back.
         """
         while self._heap:
-            _, _, version, node = heapq.heappop(self._heap)
-            if self._version.get(node.serial) != version:
+            entry = heapq.heappop(self._heap)
+            node = entry[-1]
+            if self._version.get(node.serial) != entry[-2]:
                 continue
             del self._version[node.serial]
             if self._is_candidate(node):
@@ -79,8 +85,9 @@ class EvictionIndex:
         :meth:`pop_min` does.
         """
         while self._heap:
-            _, _, version, node = self._heap[0]
-            if self._version.get(node.serial) != version:
+            entry = self._heap[0]
+            node = entry[-1]
+            if self._version.get(node.serial) != entry[-2]:
                 heapq.heappop(self._heap)
                 continue
             if self._is_candidate(node):
@@ -90,6 +97,6 @@ class EvictionIndex:
         return None
 
     def _compact(self) -> None:
-        live = [e for e in self._heap if self._version.get(e[3].serial) == e[2]]
+        live = [e for e in self._heap if self._version.get(e[-1].serial) == e[-2]]
         heapq.heapify(live)
         self._heap = live

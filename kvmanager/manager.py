@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -187,7 +188,7 @@ class KVManager:
         self.scores = ScoreBoard(
             self.tree.reprioritize,
             config.gamma,
-            reprioritize_all=self.tree.reprioritize_all,
+            reprioritize_groups=self.tree.reprioritize_groups,
             beyond_horizon=config.beyond_horizon,
         )
         self.waiting = WaitingPrefixes(self.tree, count_nodes=self.policy.queue_aware)
@@ -202,6 +203,8 @@ class KVManager:
         # what refusals() keeps per queued request while the index's version stays
         self._needs_at = -1
         self._needs: dict[int, _Need] = {}
+        # prompt block keys running requests are computing (admitted, not yet committed)
+        self._computing: Counter[int] = Counter()
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -309,6 +312,7 @@ class KVManager:
             return None
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
+        self._computing.update(request.keys[matched:])
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
@@ -594,6 +598,7 @@ class KVManager:
                 f"cannot commit {len(keys)} blocks after {admission.committed_blocks} "
                 f"with {len(admission.private_blocks)} reserved"
             )
+        self._computed(admission.request.keys, admission.committed_blocks, len(keys))
         match = self.tree.insert(keys, admission.private_blocks[:new], admission.request.namespace)
         admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         old = admission.lease
@@ -613,10 +618,34 @@ class KVManager:
         """
         if admission.done:
             return
+        keys = admission.request.keys
+        self._computed(keys, admission.committed_blocks, len(keys))
         admission.done = True
         self.tree.free_private("gpu", admission.private_blocks)
         admission.private_blocks = []
         self.tree.unlock(admission.lease)
+
+    def _computed(self, keys: Sequence[int], start: int, end: int) -> None:
+        """Stop counting ``keys[start:end]`` as being computed (committed or released)."""
+        computing = self._computing
+        for key in keys[start:end]:
+            computing[key] -= 1
+            if computing[key] <= 0:
+                del computing[key]
+
+    def prefix_in_flight(self, keys: list[int], namespace: str = "") -> bool:
+        """Return whether the first block of ``keys`` past its cached prefix is being
+        computed by a running request (admitted, not yet committed).
+
+        A request admitted now would compute that block again; waiting for the commit
+        turns it into a hit (SGLang's in-batch prefix caching, across steps). Block keys
+        chain the namespace and every earlier block, so equal keys mean equal prefixes.
+        Does not modify anything.
+        """
+        if not self._computing:
+            return False
+        cached = self.queued_cached_blocks(keys, namespace)
+        return cached < len(keys) and keys[cached] in self._computing
 
     def gpu_shortfall(self, request: AdmitRequest) -> int:
         """Return GPU blocks ``request`` lacks now: what it needs beyond its GPU-cached

@@ -19,6 +19,27 @@ Tracker = Literal["none", "kvflow", "belady"]
 # Scores are sums of float products refreshed incrementally; rounding keeps nodes with
 # equal true scores tied (so LRU breaks the tie) despite last-bit drift.
 _SCORE_DIGITS = 12
+_SCALE = 1e12  # 10**_SCORE_DIGITS, exact in binary64
+_SCALED_BOUND = 2.0**46  # below it, half an ulp of x * _SCALE is at most 2**-8
+
+
+def rounded_score(x: float) -> float:
+    """Return ``round(x, 12)``, bit for bit, mostly without its decimal conversion.
+
+    ``round(x, 12)`` is the double nearest ``N / 10**12``, ``N`` the integer nearest
+    ``x * 10**12`` (ties to even), computed through a decimal string. When
+    ``y = x * 1e12`` (one rounding, at most ``2**-8`` off below :data:`_SCALED_BOUND`)
+    lies within 0.49 of an integer ``n != 0``, the exact product lies within 0.5 of
+    ``n``, so ``N = n``, and ``n / 1e12`` (``n`` exact as a double, one correctly
+    rounded division) is that nearest double. Anything else (near a tie, zero, whose
+    sign ``round`` keeps, very large, not finite) goes to ``round`` itself.
+    """
+    y = x * _SCALE
+    if -_SCALED_BOUND < y < _SCALED_BOUND:
+        n = round(y)
+        if n and -0.49 < y - n < 0.49:
+            return n / _SCALE
+    return round(x, _SCORE_DIGITS)
 
 
 def lru_priority(node: Node) -> Priority:
@@ -33,7 +54,7 @@ def lae_priority(node: Node) -> Priority:
 
 def score_priority(node: Node) -> Priority:
     """Retired first, then ascending ``Score(c)`` (paper Eq. 2), LRU as tie-break (PBKV-HE)."""
-    return (not node.retired, round(node.score, _SCORE_DIGITS), node.last_access_s)
+    return (not node.retired, rounded_score(node.score), node.last_access_s)
 
 
 def workflow_priority(node: Node) -> Priority:
@@ -45,7 +66,7 @@ def workflow_priority(node: Node) -> Priority:
     in) keeps the oldest workflows' contexts resident instead of cycling every context
     out just before its reuse, as LRU does when the running set's contexts do not fit.
     """
-    value = round(node.score + node.queued, _SCORE_DIGITS)
+    value = rounded_score(node.score + node.queued)
     return (not node.retired, value, -node.oldest, node.last_access_s)
 
 

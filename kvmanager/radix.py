@@ -721,17 +721,19 @@ class RadixTree:
         if node.host_blocks is not None and not node.host_children:
             self._index["host"].update(node)
 
-    def reprioritize_all(self, nodes: Iterable[Node]) -> None:
-        """:meth:`reprioritize` each of ``nodes`` (one call for a score refresh's group)."""
+    def reprioritize_groups(self, groups: Iterable[Iterable[Node]]) -> None:
+        """:meth:`reprioritize` each node of each of ``groups`` (a score refresh's groups,
+        in one call)."""
         self.version += 1
-        gpu, host = self._index["gpu"], self._index["host"]
-        for node in nodes:
-            if node.lock_count:
-                continue
-            if node.gpu_blocks is not None and not node.gpu_children:
-                gpu.update(node)
-            if node.host_blocks is not None and not node.host_children:
-                host.update(node)
+        gpu, host = self._index["gpu"].update, self._index["host"].update
+        for group in groups:
+            for node in group:
+                if node.lock_count:
+                    continue
+                if node.gpu_blocks is not None and not node.gpu_children:
+                    gpu(node)
+                if node.host_blocks is not None and not node.host_children:
+                    host(node)
 
     def _gpu_candidate(self, node: Node) -> bool:
         # on_gpu, unleased, not has_child_on("gpu"), read as attributes (the index asks

@@ -27,7 +27,7 @@ from pbkv.kvmanager.node import NO_WORKFLOW, Node
 ROW_SUM_TOLERANCE = 1e-4
 """How far a forecast row's sum may be from 1 (float32 models round; more is a bug)."""
 _SUM_LOW, _SUM_HIGH = 1.0 - ROW_SUM_TOLERANCE / 2, 1.0 + ROW_SUM_TOLERANCE / 2
-"""Row sums in this range are accepted without numpy (see :func:`_fold`)."""
+"""Row sums in this range are accepted without numpy (see :func:`_plainly_valid`)."""
 ENDED_MEMORY = 65_536
 """Terminated workflow ids a :class:`ScoreBoard` remembers, for late touches."""
 CALL_SHARE_DECAY = 0.3
@@ -51,6 +51,10 @@ the prior itself as 0 changes every c=16/c=32 GPU hit by at most 0.4 pt but runs
 at 144 workflows, c=72 in 726.85 s (Eq. 2: 726.26; with this prior: 723.26); a prior of
 0.01 runs τ-bench at 144 workflows, c=48 in 205.04 s (Eq. 2 and this prior: 203.48).
 Those loads move 2-4% for gamma 0.79 or 0.81, so they show small ranking changes first."""
+_POWERS = 8
+"""``gamma**k`` a :class:`ScoreBoard` takes once, for ``k < _POWERS`` (horizons to 7 and
+the tail past them)."""
+_FLOAT64 = np.dtype(np.float64)
 PRIOR_EVIDENCE = math.log(HISTORY_WEIGHT_PRIOR / (1.0 - HISTORY_WEIGHT_PRIOR))
 """The prior's log-odds; forgotten evidence decays back to it."""
 
@@ -120,7 +124,8 @@ def agent_weights(
 
     Plain Python over the rows for ``K <= 3`` (a forecast is a few rows of a few agents,
     where each numpy call costs more than the arithmetic); the weights are bit-for-bit
-    those of the numpy form ``(gamma^(k-1) s^(k)) @ P`` for every ``K``.
+    those of the numpy form ``(gamma^(k-1) s^(k)) @ P`` for every ``K``. A
+    :class:`ScoreBoard` computes the same weights with its ``gamma`` powers taken once.
 
     Args:
         forecast: shape ``(K, len(agents) + 1)``; END is the last column.
@@ -140,13 +145,44 @@ def agent_weights(
     Raises:
         ValueError: the forecast is malformed (see :func:`validate_forecast`).
     """
-    u, first = _fold(forecast, len(agents), gamma)
-    weights = dict(zip(agents, u, strict=False))  # the END column is left out
-    if call_shares and history_weight > 0.0:
-        _blend_history(weights, forecast, agents, gamma, call_shares, history_weight)
+    return _agent_weights(forecast, agents, gamma, (), call_shares, tail_weight, history_weight)
+
+
+def _agent_weights(
+    forecast: np.ndarray,
+    agents: Sequence[str],
+    gamma: float,
+    powers: Sequence[float],
+    call_shares: Mapping[str, float] | None,
+    tail_weight: float,
+    history_weight: float,
+) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`agent_weights`, with ``powers[k] == gamma**k`` for the ``k`` it holds
+    (``gamma**k`` itself past them: the same float either way).
+
+    The default horizon (``K = 3``, with ``powers``) folds in one comprehension: the
+    step weights are ``1.0``, ``gamma (1 - e1)`` and ``gamma^2 ((1 - e1)(1 - e2))``,
+    the products :func:`_fold_rows` takes, and ``1.0 * p == p``. ``zip`` is called without
+    ``strict`` on this path (a keyword costs a third of the comprehension); the shape
+    check has matched the columns to ``agents``, END last, so ``zip`` leaves END out.
+    """
+    rows = _plainly_valid(forecast, len(agents))
+    if rows is None:  # not clearly valid: accepted or refused exactly as before
+        rows = validate_forecast(forecast, len(agents)).tolist()
+    if len(rows) == 3 and len(powers) >= 3:
+        r1, r2, r3 = rows
+        alive = 1.0 - r1[-1]
+        w2 = powers[1] * alive
+        w3 = powers[2] * (alive * (1.0 - r2[-1]))
+        weights = {a: p1 + w2 * p2 + w3 * p3 for a, p1, p2, p3 in zip(agents, r1, r2, r3)}  # noqa: B905
+    else:
+        u = _fold_rows(rows, np.asarray(forecast, dtype=np.float64), gamma, powers)
+        weights = dict(zip(agents, u))  # noqa: B905 (the END column is left out)
     if call_shares:
-        _add_tail(weights, call_shares, tail_weight * beyond_horizon_mass(forecast, gamma))
-    return weights, dict(zip(agents, first, strict=False))
+        if history_weight > 0.0:
+            _blend_history(weights, rows, agents, gamma, call_shares, history_weight)
+        _add_tail(weights, call_shares, tail_weight * _tail_mass(rows, gamma, powers))
+    return weights, dict(zip(agents, rows[0]))  # noqa: B905
 
 
 def history_sharpened(
@@ -178,7 +214,7 @@ def history_sharpened(
 
 def _blend_history(
     weights: dict[str, float],
-    forecast: np.ndarray,
+    rows: list[list[float]],
     agents: Sequence[str],
     gamma: float,
     call_shares: Mapping[str, float],
@@ -187,8 +223,8 @@ def _blend_history(
     """Mix ``u`` with the same fold over history-sharpened rows (:func:`agent_weights`).
 
     The survival weights ``gamma^(k-1) s^(k)`` read only the END column, which
-    sharpening keeps, so the mixed weights are the fold of the mixed rows."""
-    rows: list[list[float]] = np.asarray(forecast, dtype=np.float64).tolist()
+    sharpening keeps, so the mixed weights are the fold of the mixed rows. ``rows``: the
+    validated forecast's rows (END last)."""
     sharp = dict.fromkeys(agents, 0.0)
     step_weight = 1.0
     for row in rows:
@@ -204,14 +240,20 @@ def beyond_horizon_mass(forecast: np.ndarray, gamma: float) -> float:
     forecast: the discounted steps past the horizon, each ending with the last row's END
     probability ``e`` (see :func:`agent_weights`). The geometric series counts at most
     :data:`TAIL_MAX_STEPS` steps: with ``gamma = 1`` and ``e = 0`` it would not converge."""
-    ends = np.asarray(forecast, dtype=np.float64)[:, -1].tolist()
+    return _tail_mass(np.asarray(forecast, dtype=np.float64).tolist(), gamma, ())
+
+
+def _tail_mass(rows: list[list[float]], gamma: float, powers: Sequence[float]) -> float:
+    """:func:`beyond_horizon_mass` of a forecast's rows (``powers`` as in :func:`_fold_rows`)."""
     alive = 1.0
-    for end in ends:
-        alive *= 1.0 - end
-    ratio = 1.0 - gamma * (1.0 - ends[-1])
+    for row in rows:
+        alive *= 1.0 - row[-1]
+    horizon = len(rows)
+    decay = powers[horizon] if horizon < len(powers) else gamma**horizon
+    ratio = 1.0 - gamma * (1.0 - rows[-1][-1])
     if ratio * TAIL_MAX_STEPS <= 1.0:
-        return gamma ** len(ends) * alive * TAIL_MAX_STEPS
-    return gamma ** len(ends) * alive / ratio
+        return decay * alive * TAIL_MAX_STEPS
+    return decay * alive / ratio
 
 
 def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass: float) -> None:
@@ -220,33 +262,52 @@ def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass:
             weights[agent] += mass * share
 
 
-def _fold(forecast: np.ndarray, n_agents: int, gamma: float) -> tuple[list[float], list[float]]:
-    """Return ``(u, P^(1))`` of a forecast as lists over its columns (END last).
-
-    Checks a well-formed forecast in plain Python while folding it; one that is not
-    clearly valid (a row sum near the tolerance, a negative, a value that is not finite
-    — NaN and infinities make the row sum fail the test — or a wrong shape) goes through
-    :func:`validate_forecast`, which accepts or raises exactly as before.
-    """
-    array = np.asarray(forecast, dtype=np.float64)
-    if array.ndim == 2 and array.shape[0] >= 1 and array.shape[1] == n_agents + 1:
-        rows: list[list[float]] = array.tolist()
-        weights = []  # gamma^(k-1) s^(k), s^(k) the probability the workflow still runs at k
-        alive = 1.0
-        for k, row in enumerate(rows):
-            if not _SUM_LOW <= sum(row) <= _SUM_HIGH or min(row) < 0.0:
-                break
-            weights.append(gamma**k * alive)
-            alive *= 1.0 - row[-1]
-        else:
-            return _weighted_columns(weights, rows, array), rows[0]
-    rows = validate_forecast(array, n_agents).tolist()
-    weights = []
+def _fold_rows(
+    rows: list[list[float]], array: np.ndarray, gamma: float, powers: Sequence[float]
+) -> list[float]:
+    """Return ``u`` over a validated forecast's columns (END last) from its ``rows``
+    (``array`` holds them). ``powers[k]``, where given, is ``gamma**k`` (taken once by
+    the caller; the same float)."""
+    weights = []  # gamma^(k-1) s^(k), s^(k) the probability the workflow still runs at k
     alive = 1.0
     for k, row in enumerate(rows):
-        weights.append(gamma**k * alive)
+        weights.append((powers[k] if k < len(powers) else gamma**k) * alive)
         alive *= 1.0 - row[-1]
-    return _weighted_columns(weights, rows, array), rows[0]
+    return _weighted_columns(weights, rows, array)
+
+
+def _plainly_valid(forecast: np.ndarray, n_agents: int) -> list[list[float]] | None:
+    """Return the forecast's rows if it is clearly valid, else ``None``.
+
+    Clearly valid: shape ``(K >= 1, n_agents + 1)``, each row's sum within half of
+    :data:`ROW_SUM_TOLERANCE` of 1 (so in any summation order within the full one; NaN
+    and infinities fail it) and no negative value. Whatever fails goes to
+    :func:`validate_forecast`, which decides. A float64 array is read as it is (the
+    common case: ``np.asarray`` with a ``dtype`` costs as much as the row sums).
+    """
+    if type(forecast) is np.ndarray and forecast.dtype is _FLOAT64:
+        array = forecast
+    else:
+        array = np.asarray(forecast, dtype=np.float64)
+    if array.ndim != 2:
+        return None
+    rows: list[list[float]] = array.tolist()
+    if not rows or len(rows[0]) != n_agents + 1:
+        return None
+    if len(rows) == 3:  # the default horizon, unrolled
+        r1, r2, r3 = rows
+        if (
+            _SUM_LOW <= sum(r1) <= _SUM_HIGH
+            and _SUM_LOW <= sum(r2) <= _SUM_HIGH
+            and _SUM_LOW <= sum(r3) <= _SUM_HIGH
+            and min(r1 + r2 + r3) >= 0.0
+        ):
+            return rows
+        return None
+    for row in rows:
+        if not _SUM_LOW <= sum(row) <= _SUM_HIGH:
+            return None
+    return rows if min(sum(rows, [])) >= 0.0 else None
 
 
 def _weighted_columns(
@@ -287,8 +348,8 @@ class ScoreBoard:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
         ended_memory: terminated workflow ids remembered, >= 1.
-        reprioritize_all: called with an iterable of such nodes at once (a forecast's
-            groups); default: ``reprioritize`` on each.
+        reprioritize_groups: called with an iterable of groups of such nodes at once (a
+            forecast's groups); default: ``reprioritize`` on each node.
         beyond_horizon: read each workflow's recent call shares: the score's tail past
             the horizon, weighted by :attr:`miss_rate`, and the history-sharpened rows
             within it, weighted by :meth:`history_weight` (see :func:`agent_weights`);
@@ -301,15 +362,16 @@ class ScoreBoard:
         gamma: float,
         *,
         ended_memory: int = ENDED_MEMORY,
-        reprioritize_all: Callable[[Iterable[Node]], None] | None = None,
+        reprioritize_groups: Callable[[Iterable[Iterable[Node]]], None] | None = None,
         beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        self._powers = tuple(gamma**k for k in range(_POWERS))  # gamma**k, taken once
         if ended_memory < 1:
             raise ValueError(f"ended_memory must be >= 1, got {ended_memory}")
         self.ended_memory = ended_memory
-        self.gamma = gamma
+        self._gamma = gamma
         self.beyond_horizon = beyond_horizon
         self.miss_rate = 1.0
         """Moving average of ``1 - P^(1)[agent]`` over the calls a step-1 forecast named
@@ -321,7 +383,7 @@ class ScoreBoard:
         self._history_evidence: dict[str, float] = {}  # active workflows only
         self._call_shares: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
-        self._reprioritize_all = reprioritize_all or self._each
+        self._reprioritize_groups = reprioritize_groups or self._each
         self._weights: dict[str, dict[str, float]] = {}
         self._next: dict[str, dict[str, float]] = {}
         self._nodes: dict[str, set[Node]] = {}
@@ -335,8 +397,14 @@ class ScoreBoard:
         :meth:`ordinal` returns what it returned before and changes nothing."""
         self.refreshed_nodes = 0
 
-    def _each(self, nodes: Iterable[Node]) -> None:
-        for node in nodes:
+    @property
+    def gamma(self) -> float:
+        """The confidence decay ``gamma``, fixed at construction (its powers are taken
+        once)."""
+        return self._gamma
+
+    def _each(self, groups: Iterable[Iterable[Node]]) -> None:
+        for node in itertools.chain.from_iterable(groups):
             self._reprioritize(node)
 
     def ordinal(self, workflow_id: str) -> int:
@@ -480,7 +548,9 @@ class ScoreBoard:
         """
         shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
         mix = self.history_weight(workflow_id) if shares else 0.0
-        new, first = agent_weights(forecast, agents, self.gamma, shares, self.miss_rate, mix)
+        new, first = _agent_weights(
+            forecast, agents, self._gamma, self._powers, shares, self.miss_rate, mix
+        )
         if workflow_id in self._ended:
             return 0  # a late forecast does not revive a terminated workflow
         if workflow_id not in self._weights:
@@ -502,7 +572,7 @@ class ScoreBoard:
                     node.score += delta
                 moved.append(group)
         if moved:
-            self._reprioritize_all(itertools.chain.from_iterable(moved))
+            self._reprioritize_groups(moved)
         refreshed = len(self._nodes[workflow_id])
         self.refreshed_nodes += refreshed
         return refreshed

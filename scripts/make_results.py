@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from pbkv.bench.compare import DEFAULT_SCHEDULERS
+from pbkv.bench.compare import DEFAULT_SCHEDULERS, FLOOR_SPEC
 
 # Published figures, cited for comparison (PBKV paper, arXiv 2605.06472).
 PAPER_LADDER_HIT = {"lru": 27.1, "lae": 44.9, "he": 66.0, "pbkv": 69.1}  # hover, Fig. ablation
@@ -73,7 +73,8 @@ def bench_table(run: dict) -> list[str]:
             f"| | {100 * b['min_total_hit_rate']:.1f} | | | | | |"
         )
         lines.append(
-            f"| floor (GPU holds all) | fcfs | | {b['floor_latency_s']:.2f} | | | | | | | "
+            f"| floor (GPU holds all) | {FLOOR_SPEC.partition(':')[2]} | | "
+            f"{b['floor_latency_s']:.2f} | | | | | | | "
             f"{base['mean_latency_s'] / b['floor_latency_s']:.3f}x | | | |"
         )
     return lines

@@ -12,8 +12,8 @@ logs=$(mktemp -d)
 max_jobs=${JOBS:-$(nproc)}
 all=lru,kvflow,lae,he,pbkv,belady-est
 # the paper's loads, where the cache is contested (issue 13); lru:workflow and pbkv:fcfs split
-# the scheduler's share of a gain from the policy's
-paper=lru,lru:workflow,he,pbkv:fcfs,pbkv
+# the scheduler's share of a gain from the policy's; lru:fcfs-balanced the batch composition's share
+paper=lru,lru:fcfs-balanced,lru:workflow,he,pbkv:fcfs,pbkv
 
 pids=()
 names=()

@@ -262,6 +262,39 @@ class CostModel:
         """
         return self.step_s([(new_tokens, cached_tokens)], 0, 0)
 
+    def prefill_slack_tokens(self, decode_batch: int, decode_kv_tokens: int) -> int:
+        """Return the prefill tokens a decode step can carry without lengthening it.
+
+        A decode step is bandwidth-bound: it reads the weights and the batch's KV while
+        the compute units idle. Prefill tokens fill that slack at ``2·P`` FLOPs each, so
+        ``floor((memory_s − compute_s) · tp · F / (2·P))`` of them ride for free; more
+        make the step compute-bound and stall every decoding sequence for each extra
+        token (Sarathi-Serve's stall-free token budget, Agrawal et al., OSDI 2024, on
+        this roofline). Attention FLOPs of the chunk are left out, so a step carrying
+        the budget runs at most slightly past the decode step's time.
+
+        Args:
+            decode_batch: sequences decoding one token each, ``>= 0``.
+            decode_kv_tokens: context tokens they attend to in total, ``>= 0``.
+
+        Returns:
+            Tokens, ``>= 0``; for an empty batch, the tokens whose compute fills one
+            read of the weights.
+
+        Raises:
+            ValueError: a negative count, or KV tokens with no decode batch.
+        """
+        if decode_batch == 0:
+            _check_count("decode_kv_tokens", decode_kv_tokens)
+            if decode_kv_tokens:
+                raise ValueError(f"decode_kv_tokens={decode_kv_tokens} with decode_batch=0")
+            slack_s = self.weight_bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu
+        else:
+            cost = self.step_cost([], decode_batch, decode_kv_tokens)
+            slack_s = max(0.0, cost.memory_s - cost.compute_s)
+        per_token_s = 2.0 * self.model.num_params / self.compute_flops_per_s
+        return int(slack_s / per_token_s)
+
     def decode_step_s(self, batch_size: int, kv_tokens_read: int) -> float:
         """Return the seconds of one decode step of ``batch_size`` sequences alone in a step.
 

@@ -10,7 +10,14 @@ from pathlib import Path
 import msgspec
 from rich.table import Table
 
-from pbkv.bench.compare import END_REASONS, BenchConfig, BenchRun, Bounds, PolicyResult
+from pbkv.bench.compare import (
+    END_REASONS,
+    FLOOR_SPEC,
+    BenchConfig,
+    BenchRun,
+    Bounds,
+    PolicyResult,
+)
 from pbkv.bench.sweeps import SweepPoint
 
 
@@ -121,7 +128,8 @@ def _add_bound_rows(table: Table, base: PolicyResult, b: Bounds) -> None:
         ratio_text(b.min_total_hit_rate, base.total_hit_rate), *[blank] * 3,
     )  # fmt: skip
     table.add_row(
-        "floor:fcfs", "no evict", f"{b.floor_latency_s:.2f}", *[blank] * 5,
+        f"floor:{FLOOR_SPEC.partition(':')[2]}", "no evict", f"{b.floor_latency_s:.2f}",
+        *[blank] * 5,
         ratio_text(base.mean_latency_s, b.floor_latency_s), *[blank] * 5,
     )  # fmt: skip
 

@@ -321,3 +321,28 @@ def test_named_pairings_fit_and_follow_the_roofline(hardware: str, model: str) -
     )
     assert cost.decode_step_s(1, 1) == pytest.approx(weight_read_s, rel=1e-4)
     assert cost.prefill_s(4096, 0) > cost.decode_step_s(1, 4096)
+
+
+def test_prefill_slack_fills_the_decode_step_compute_and_no_more(tp2_32b: CostModel) -> None:
+    batch, kv = 15, 60_000
+    slack = tp2_32b.prefill_slack_tokens(batch, kv)
+    decode = tp2_32b.step_cost([], batch, kv)
+    per_token_s = 2 * tp2_32b.model.num_params / tp2_32b.compute_flops_per_s
+    assert slack == int((decode.memory_s - decode.compute_s) / per_token_s)
+    assert slack == 133  # a6000-tp2 x qwen3-32b: ~72 ms of reads, ~9 ms of decode compute
+    # carrying the slack costs the decode step only its chunk's attention; twice it, a lot
+    alone = tp2_32b.decode_step_s(batch, kv)
+    assert tp2_32b.step_s([(slack, 0)], batch, kv) < alone * 1.01
+    assert tp2_32b.step_s([(2 * slack, 0)], batch, kv) > alone * 1.5
+
+
+def test_prefill_slack_of_an_empty_batch_fills_one_read_of_the_weights(
+    tp2_32b: CostModel,
+) -> None:
+    slack = tp2_32b.prefill_slack_tokens(0, 0)
+    assert slack == 120
+    assert tp2_32b.prefill_s(slack) == pytest.approx(tp2_32b.decode_step_s(1, 1), rel=0.02)
+    with pytest.raises(ValueError, match="decode_kv_tokens=5 with decode_batch=0"):
+        tp2_32b.prefill_slack_tokens(0, 5)
+    with pytest.raises(ValueError, match="decode_batch"):
+        tp2_32b.prefill_slack_tokens(-1, 0)

@@ -164,3 +164,30 @@ def test_a_resumed_admission_is_not_counted_as_a_request(clock):
     assert (stats.requests, stats.prompt_tokens, stats.computed_tokens) == (1, 3, 3)
     assert (stats.resumed_admissions, stats.resumed_computed_tokens) == (1, 1)
     assert [is_access for is_access, _ in mgr.access_log.events] == [True, False]
+
+
+def test_prefix_in_flight_until_the_computing_request_commits(clock):
+    mgr = make_manager(clock, "lru", gpu=16, host=0)
+    run(mgr, clock, [1, 2])  # [1, 2] cached
+    first = mgr.try_admit(AdmitRequest([1, 2, 3, 4, 5], 5, 1))  # computes 3, 4, 5
+    assert mgr.prefix_in_flight([1, 2, 3, 9])  # its next block, 3, is being computed
+    assert not mgr.prefix_in_flight([1, 2, 7])  # 7 is nobody's
+    assert not mgr.prefix_in_flight([1, 2])  # nothing past the cached prefix
+    mgr.commit(first, [1, 2, 3])  # a chunk's blocks land
+    assert not mgr.prefix_in_flight([1, 2, 3])  # cached now: a hit
+    assert mgr.prefix_in_flight([1, 2, 3, 4])  # 4 still computing
+    mgr.release(first)  # ends without committing 4 and 5
+    assert not mgr.prefix_in_flight([1, 2, 3, 4, 5])
+    assert not mgr._computing  # every count given back
+    mgr.check_integrity()
+
+
+def test_prefix_in_flight_counts_every_request_computing_a_block(clock):
+    mgr = make_manager(clock, "lru", gpu=16, host=0)
+    a = mgr.try_admit(AdmitRequest([1, 2], 2, 1))
+    b = mgr.try_admit(AdmitRequest([1, 2], 2, 1))  # admitted anyway: computes them too
+    mgr.release(a)
+    assert mgr.prefix_in_flight([1, 2])  # b still computes them
+    mgr.commit(b, [1, 2])
+    mgr.release(b)
+    assert not mgr.prefix_in_flight([1, 2]) and not mgr._computing

@@ -5,11 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, validate_forecast
+from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, scoring, validate_forecast
+from pbkv.kvmanager import manager as manager_module
 from pbkv.kvmanager.scoring import TAIL_MAX_STEPS, beyond_horizon_mass, history_sharpened
 
 from .conftest import FakeClock, make_manager
-from .test_eviction import run
+from .test_eviction import eviction_order, run
 
 AGENTS = ("planner", "coder", "tester")
 
@@ -453,3 +454,160 @@ def test_the_tail_stays_finite_at_gamma_one_without_end():
     u, _ = agent_weights(forecast, ("a", "b"), 1.0, {"a": 0.5, "b": 0.5})
     assert u == {"a": 3.0 + 0.5 * TAIL_MAX_STEPS, "b": 0.5 * TAIL_MAX_STEPS}
     assert beyond_horizon_mass(forecast, 0.8) == pytest.approx(0.8**3 / 0.2)  # unchanged
+
+
+# -- the refresh is the straightforward one, bit for bit (issue 13 item 7) ---------------
+
+
+def straightforward_weights(forecast, agents, gamma, shares=None, tail_weight=1.0, mix=0.0):
+    """Eq. 2-4 with the tail and the history blend as :func:`agent_weights` documents
+    them, one float operation after another in the order the formulas read."""
+    rows = np.asarray(forecast, dtype=np.float64).tolist()
+    steps, alive = [], 1.0
+    for k, r in enumerate(rows):
+        steps.append(gamma**k * alive)  # gamma^(k-1) s^(k)
+        alive *= 1.0 - r[-1]
+    if len(rows) > 3:  # numpy's matmul decides the order of a longer sum
+        u = (np.array(steps) @ np.asarray(forecast, dtype=np.float64)[:, :-1]).tolist()
+    else:
+        u = []
+        for j in range(len(agents)):
+            total = steps[0] * rows[0][j]
+            for k in range(1, len(rows)):
+                total = total + steps[k] * rows[k][j]
+            u.append(total)
+    weights = dict(zip(agents, u, strict=True))
+    if shares and mix > 0.0:
+        sharp, step = dict.fromkeys(agents, 0.0), 1.0
+        for r in rows:
+            for a, q in zip(agents, history_sharpened(r, agents, shares), strict=True):
+                sharp[a] += step * q
+            step *= gamma * (1.0 - r[-1])
+        for a in agents:
+            weights[a] += mix * (sharp[a] - weights[a])
+    if shares:
+        ratio = 1.0 - gamma * (1.0 - rows[-1][-1])
+        mass = gamma ** len(rows) * alive * TAIL_MAX_STEPS
+        if ratio * TAIL_MAX_STEPS > 1.0:
+            mass = gamma ** len(rows) * alive / ratio
+        for a, share in shares.items():
+            if a in weights:
+                weights[a] += tail_weight * mass * share
+    return weights, dict(zip(agents, rows[0][: len(agents)], strict=True))
+
+
+def bits(values):
+    return {k: float(v).hex() for k, v in values.items()}
+
+
+def random_forecast(rng, k, n):
+    forecast = rng.dirichlet(np.full(n + 1, rng.uniform(0.2, 2.0)), size=k)
+    if rng.random() < 0.3:  # exact zeros, as sharp models give
+        forecast[:, rng.integers(n + 1)] = 0.0
+        forecast /= forecast.sum(axis=1, keepdims=True)
+    return forecast
+
+
+def test_the_weights_are_the_straightforward_ones_bit_for_bit():
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        k, n = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        agents = tuple(f"a{i}" for i in range(n))
+        forecast = random_forecast(rng, k, n)
+        gamma = float(rng.choice([0.8, 0.5, 1.0, rng.uniform(0.05, 1.0)]))
+        shares = None
+        if trial % 3:
+            shares = dict(zip(agents, rng.dirichlet(np.ones(n)).tolist(), strict=True))
+        tail, mix = float(rng.random()), float(rng.choice([0.0, rng.random()]))
+        expected = straightforward_weights(forecast, agents, gamma, shares, tail, mix)
+        # float64, float32, a list, a Fortran-ordered copy: what the boundary may be given
+        given = [
+            forecast,
+            forecast.astype(np.float32),
+            forecast.tolist(),
+            np.asfortranarray(forecast),
+        ]
+        for form in given[:1] if trial % 4 else given:
+            if form is not forecast:
+                expected = straightforward_weights(form, agents, gamma, shares, tail, mix)
+            u, first = agent_weights(form, agents, gamma, shares, tail, mix)
+            assert (bits(u), bits(first)) == tuple(map(bits, expected)), (trial, form)
+            board = ScoreBoard(lambda node: None, gamma)  # its own gamma powers, taken once
+            u, first = scoring._agent_weights(form, agents, gamma, board._powers, shares, tail, mix)
+            assert (bits(u), bits(first)) == tuple(map(bits, expected)), (trial, form)
+
+
+class StraightforwardBoard(ScoreBoard):
+    """The refresh as Eq. 2 reads: weights from :func:`straightforward_weights`, each
+    group's change summed per agent in the group's order, each node re-keyed alone."""
+
+    blended = 0
+
+    def set_forecast(self, workflow_id, forecast, agents):
+        shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
+        mix = self.history_weight(workflow_id) if shares else 0.0
+        StraightforwardBoard.blended += mix > 0.0
+        new, first = straightforward_weights(
+            forecast, agents, self.gamma, shares, self.miss_rate, mix
+        )
+        if workflow_id in self._ended:
+            return 0
+        self.start(workflow_id)
+        old = self._weights[workflow_id]
+        self._weights[workflow_id], self._next[workflow_id] = new, first
+        for agents_used, group in self._groups[workflow_id].items():
+            delta = sum(new.get(a, 0.0) - old.get(a, 0.0) for a in agents_used)
+            if delta:
+                for node in group:
+                    node.score += delta
+                    self._reprioritize(node)
+        return len(self._nodes[workflow_id])
+
+
+def straightforward_key(node):
+    """pbkv's eviction key with Python's own ``round`` (see ``workflow_priority``)."""
+    value = round(node.score + node.queued, 12)
+    return (not node.retired, value, -node.oldest, node.last_access_s, node.serial)
+
+
+def test_the_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
+    """Two managers, one with the straightforward board, through the same random touches,
+    calls, forecasts (K = 1..4) and ends, with evictions: the same scores to the last bit,
+    the same trees, and the eviction order of the key computed with ``round``."""
+    fast = make_manager(clock, "pbkv", gpu=48, host=0, horizon=4)
+    monkeypatch.setattr(manager_module, "ScoreBoard", StraightforwardBoard)
+    plain = make_manager(clock, "pbkv", gpu=48, host=0, horizon=4)
+    assert type(plain.scores) is StraightforwardBoard
+    StraightforwardBoard.blended = 0
+    rng = np.random.default_rng(3)
+    agents, contexts = ("planner", "coder", "tester", "analyzer"), {}
+    for step in range(400):
+        w = f"w{rng.integers(6)}"
+        if w not in contexts:
+            contexts[w] = [1, 2, 3, 100 + int(rng.integers(1_000_000))]
+            for mgr in (fast, plain):
+                mgr.on_workflow_started(w)
+        op = rng.random()
+        if op < 0.4:  # a call, mostly of the workflow's favourite agent
+            agent = agents[int(w[1:]) % 4] if rng.random() < 0.7 else str(rng.choice(agents))
+            contexts[w] += rng.integers(10, 1_000_000, int(rng.integers(1, 4))).tolist()
+            for mgr in (fast, plain):
+                mgr.on_agent_invoked(w, agent, step)
+                run(mgr, clock, contexts[w], w, agent)
+        elif op < 0.9:
+            forecast = random_forecast(rng, int(rng.integers(1, 5)), 4)
+            assert fast.on_forecast(w, forecast, agents) == plain.on_forecast(w, forecast, agents)
+        else:
+            del contexts[w]
+            for mgr in (fast, plain):
+                mgr.on_workflow_terminated(w)
+        ours = {tuple(n.keys): n.score.hex() for n in fast.tree.nodes()}
+        assert ours == {tuple(n.keys): n.score.hex() for n in plain.tree.nodes()}
+    assert StraightforwardBoard.blended > 20  # the history blend ran, not only Eq. 2
+    assert fast.statistics().evicted_active_blocks > 20  # evictions ranked by the scores
+    for mgr in (fast, plain):
+        leaves = sorted(
+            (n for n in mgr.tree.nodes() if mgr.tree._gpu_candidate(n)), key=straightforward_key
+        )
+        assert mgr.tree.lowest_candidate("gpu") is leaves[0]
+    assert eviction_order(fast, 20) == eviction_order(plain, 20)
