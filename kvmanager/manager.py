@@ -112,6 +112,7 @@ class Admission:
         loads: host-to-GPU copies the request must wait for (own and joined).
         private_blocks: GPU blocks reserved for the uncached prompt and the output.
         committed_blocks: prompt blocks inserted into the tree so far.
+        logged_ids: the access log's ids of the keys committed so far (with a log).
     """
 
     request: AdmitRequest
@@ -123,6 +124,7 @@ class Admission:
     private_blocks: list[int]
     committed_blocks: int = 0
     done: bool = False
+    logged_ids: tuple[int, ...] = ()
 
     @property
     def computed_tokens(self) -> int:
@@ -508,6 +510,16 @@ class KVManager:
         if self.kvflow is not None and request.fixed_prefix_tokens:
             self.kvflow.mark_fixed(self._fixed_part(path, request), request.agent)
 
+    def _touch_leased(self, path: Sequence[Node], request: AdmitRequest) -> None:
+        """Do :meth:`_touch` for a ``path`` the request leases whose nodes the insert
+        just stamped with the time: re-keying a leased node is a no-op
+        (:meth:`RadixTree.reprioritize`), so only the scores and fixed marks are left."""
+        self.tree.version += 1
+        if request.workflow_id is not None:
+            self.scores.touch(path, request.workflow_id, request.agent)
+        if self.kvflow is not None and request.fixed_prefix_tokens:
+            self.kvflow.mark_fixed(self._fixed_part(path, request), request.agent)
+
     def _fixed_part(self, path: Sequence[Node], request: AdmitRequest) -> list[Node]:
         """Return the nodes of ``path`` inside the request's fixed prefix, splitting the
         node that straddles its end so suffixes stay dynamic."""
@@ -599,16 +611,18 @@ class KVManager:
                 f"with {len(admission.private_blocks)} reserved"
             )
         self._computed(admission.request.keys, admission.committed_blocks, len(keys))
-        match = self.tree.insert(keys, admission.private_blocks[:new], admission.request.namespace)
-        admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         old = admission.lease
+        match = self.tree.insert_below(old.node, keys, admission.private_blocks[:new])
+        admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         admission.lease = self.tree.lock(match.node)
         self.tree.unlock(old)
         admission.committed_blocks = len(keys)
-        self._touch(match.path, admission.request)
+        self._touch_leased(match.path, admission.request)
         if self.access_log is not None:
             request = admission.request
-            self.access_log.insert(keys, request.namespace, len(request.keys))
+            admission.logged_ids = self.access_log.insert_extending(
+                admission.logged_ids, keys, request.namespace, len(request.keys)
+            )
 
     def release(self, admission: Admission) -> None:
         """End a request: free its unused reserved blocks and its lease.

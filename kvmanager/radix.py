@@ -384,10 +384,54 @@ class RadixTree:
         if skip < 0:
             raise ValueError(f"{len(keys)} keys for {len(gpu_blocks)} blocks")
         self.version += 1
+        return self._insert_below(self.root(namespace), [], 0, keys, gpu_blocks, self.clock())
+
+    def insert_below(self, node: Node, keys: list[int], gpu_blocks: list[int]) -> MatchResult:
+        """Do :meth:`insert` for ``keys`` whose cached, leased prefix ends at ``node``.
+
+        The same tree, timestamps, eviction order and result as
+        ``insert(keys, gpu_blocks, node.namespace)``, without matching the prefix again:
+        a request's chunk commits extend the sequence its lease holds, so each one
+        costs the new blocks' walk, not the whole prompt's. The prefix's nodes get
+        ``last_access_s`` as :meth:`insert` gives them; their re-keying is skipped
+        because a leased node is not a candidate (see :meth:`reprioritize`). Falls back
+        to :meth:`insert` unless the path to ``node`` holds exactly the first
+        ``len(keys) - len(gpu_blocks)`` keys, all leased and on the GPU.
+
+        Raises / Mutates: as :meth:`insert`.
+        """
+        skip = len(keys) - len(gpu_blocks)
+        prefix: list[Node] = []
+        depth = 0
+        walk = node
+        while not walk.is_root:
+            if walk.lock_count == 0 or walk.gpu_blocks is None:
+                return self.insert(keys, gpu_blocks, node.namespace)
+            prefix.append(walk)
+            depth += len(walk.keys)
+            assert walk.parent is not None
+            walk = walk.parent
+        if depth != skip or (depth and node.keys[-1] != keys[depth - 1]):
+            return self.insert(keys, gpu_blocks, node.namespace)  # keys chain the prefix
+        self.version += 1
         now = self.clock()
-        node = self.root(namespace)
-        path: list[Node] = []
-        i = 0
+        prefix.reverse()
+        for walk in prefix:
+            walk.last_access_s = now
+        return self._insert_below(node, prefix, skip, keys, gpu_blocks, now)
+
+    def _insert_below(
+        self,
+        node: Node,
+        path: list[Node],
+        i: int,
+        keys: list[int],
+        gpu_blocks: list[int],
+        now: float,
+    ) -> MatchResult:
+        """Insert ``keys[i:]`` below ``node`` (``path`` leads to it, holding ``i``
+        blocks); the walk of :meth:`insert`."""
+        skip = len(keys) - len(gpu_blocks)
         while i < len(keys):
             child = node.children.get(keys[i])
             if child is None:
