@@ -656,10 +656,13 @@ class KVManager:
         chain the namespace and every earlier block, so equal keys mean equal prefixes.
         Does not modify anything.
         """
-        if not self._computing:
+        computing = self._computing
+        if not computing:
             return False
-        cached = self.queued_cached_blocks(keys, namespace)
-        return cached < len(keys) and keys[cached] in self._computing
+        cached = self.waiting.cached_blocks(keys, namespace)  # queued_cached_blocks, inlined
+        if cached is None:
+            cached = sum(self.tree.peek_prefix(keys, namespace))
+        return cached < len(keys) and keys[cached] in computing
 
     def gpu_shortfall(self, request: AdmitRequest) -> int:
         """Return GPU blocks ``request`` lacks now: what it needs beyond its GPU-cached

@@ -384,7 +384,7 @@ class RadixTree:
         if skip < 0:
             raise ValueError(f"{len(keys)} keys for {len(gpu_blocks)} blocks")
         self.version += 1
-        return self._insert_below(self.root(namespace), [], 0, keys, gpu_blocks, self.clock())
+        return self._insert_below(self.root(namespace), [], 0, keys, gpu_blocks, self.clock(), 0)
 
     def insert_below(self, node: Node, keys: list[int], gpu_blocks: list[int]) -> MatchResult:
         """Do :meth:`insert` for ``keys`` whose cached, leased prefix ends at ``node``.
@@ -403,14 +403,13 @@ class RadixTree:
         skip = len(keys) - len(gpu_blocks)
         prefix: list[Node] = []
         depth = 0
-        walk = node
-        while not walk.is_root:
+        walk, parent = node, node.parent
+        while parent is not None:  # up to the root
             if walk.lock_count == 0 or walk.gpu_blocks is None:
                 return self.insert(keys, gpu_blocks, node.namespace)
             prefix.append(walk)
             depth += len(walk.keys)
-            assert walk.parent is not None
-            walk = walk.parent
+            walk, parent = parent, parent.parent
         if depth != skip or (depth and node.keys[-1] != keys[depth - 1]):
             return self.insert(keys, gpu_blocks, node.namespace)  # keys chain the prefix
         self.version += 1
@@ -418,7 +417,7 @@ class RadixTree:
         prefix.reverse()
         for walk in prefix:
             walk.last_access_s = now
-        return self._insert_below(node, prefix, skip, keys, gpu_blocks, now)
+        return self._insert_below(node, prefix, skip, keys, gpu_blocks, now, depth)
 
     def _insert_below(
         self,
@@ -428,10 +427,12 @@ class RadixTree:
         keys: list[int],
         gpu_blocks: list[int],
         now: float,
+        gpu: int,
     ) -> MatchResult:
         """Insert ``keys[i:]`` below ``node`` (``path`` leads to it, holding ``i``
-        blocks); the walk of :meth:`insert`."""
+        blocks, ``gpu`` of them on the GPU); the walk of :meth:`insert`."""
         skip = len(keys) - len(gpu_blocks)
+        known = len(path)
         while i < len(keys):
             child = node.children.get(keys[i])
             if child is None:
@@ -454,7 +455,7 @@ class RadixTree:
             self.reprioritize(child)
             path.append(child)
             node = child
-        gpu = sum(n.num_blocks for n in path if n.on_gpu)
+        gpu += sum(len(n.keys) for n in path[known:] if n.gpu_blocks is not None)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
     def _adopt_or_free(self, node: Node, blocks: list[int]) -> None:
