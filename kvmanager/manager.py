@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,42 @@ class Admission:
 
 
 @dataclass(frozen=True, slots=True)
+class _Slow:
+    """A request :meth:`KVManager.refusals` leaves to ``_refused_as_is``, with its
+    peak GPU blocks."""
+
+    request: AdmitRequest
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _QuickRefusals:
+    """What :meth:`KVManager.refusals` found for ``requests`` by its quick test (the
+    lowest candidate active or none): the keys it refused (``refused``) and the requests
+    left to the full test (``slow``), valid while the index's ``version``, the ``free``
+    GPU blocks and the ``lowest`` candidate stay, for the same request objects (held
+    here, so their ids are not reused)."""
+
+    version: int
+    free: int
+    lowest: Node | None
+    requests: list[AdmitRequest]
+    refused: frozenset[int]
+    slow: list[_Slow]
+
+    def holds(
+        self, version: int, free: int, lowest: Node | None, requests: list[AdmitRequest]
+    ) -> bool:
+        return (
+            self.version == version
+            and self.free == free
+            and self.lowest is lowest
+            and len(self.requests) == len(requests)
+            and all(map(operator.is_, self.requests, requests))
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class _Need:
     """A queued request's GPU blocks at its peak (``total``), those beyond its cached
     prefix (``blocks``, before loads) and its walk (``None``: not current, or a match
@@ -205,6 +242,7 @@ class KVManager:
         # what refusals() keeps per queued request while the index's version stays
         self._needs_at = -1
         self._needs: dict[int, _Need] = {}
+        self._quick: _QuickRefusals | None = None  # refusals()' last quick tests
         # prompt block keys running requests are computing (admitted, not yet committed)
         self._computing: Counter[int] = Counter()
         self.kvflow: KVFlowTracker | None = None
@@ -360,22 +398,33 @@ class KVManager:
         if self._needs_at != index.version:
             self._needs_at, self._needs = index.version, {}
         needs = self._needs
-        refused: set[int] = set()
-        for request in requests:
-            key = id(request.keys)
-            total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)
-            if len(request.keys) > request.prompt_tokens // bs or total > capacity:
-                continue  # try_admit raises
+        requests = list(requests)
+        last = self._quick
+        if quick and last is not None and last.holds(index.version, free, lowest, requests):
+            refused, slow = set(last.refused), last.slow  # the quick tests, as they came out
+        else:
+            refused, slow = set(), []
+            for request in requests:
+                key = id(request.keys)
+                total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)
+                if len(request.keys) > request.prompt_tokens // bs or total > capacity:
+                    continue  # try_admit raises
+                if quick:
+                    need = needs.get(key)
+                    if need is None or need.total != total:
+                        need = needs[key] = self._need(request, total)
+                    walk = need.walk
+                    if walk is not None and need.blocks > free and lowest not in walk.path:
+                        refused.add(key)  # (lowest is None or active: see quick)
+                        continue
+                slow.append(_Slow(request, total))
             if quick:
-                need = needs.get(key)
-                if need is None or need.total != total:
-                    need = needs[key] = self._need(request, total)
-                walk = need.walk
-                if walk is not None and need.blocks > free and lowest not in walk.path:
-                    refused.add(key)  # (lowest is None or active: see quick)
-                    continue
-            if self._refused_as_is(request, total, retired_only):
-                refused.add(key)
+                self._quick = _QuickRefusals(
+                    index.version, free, lowest, requests, frozenset(refused), slow
+                )
+        for left in slow:  # these read more of the tree: tested every time
+            if self._refused_as_is(left.request, left.total, retired_only):
+                refused.add(id(left.request.keys))
         return refused
 
     def _need(self, request: AdmitRequest, total: int) -> _Need:
