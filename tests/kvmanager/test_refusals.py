@@ -186,3 +186,47 @@ def test_a_lowest_candidate_on_the_requests_own_prefix_is_left_to_the_full_path(
     adm = mgr.try_admit(request, retired_only=True)
     assert adm is not None and adm.cached_gpu_tokens == 2
     mgr.check_integrity()
+
+
+def one_by_one(mgr: KVManager, queue: list[AdmitRequest], retired_only: bool) -> set[int]:
+    refused = set()
+    for request in queue:
+        total = mgr.blocks_needed(request.prompt_tokens, request.max_new_tokens)
+        if total <= mgr.config.gpu_capacity_blocks and mgr._refused_as_is(
+            request, total, retired_only
+        ):
+            refused.add(id(request.keys))
+    return refused
+
+
+@pytest.mark.parametrize("policy", ["lru", "pbkv"])
+def test_kept_quick_refusals_follow_every_change_between_calls(policy):
+    """refusals() keeps its quick tests across calls while the index, the free blocks
+    and the lowest candidate stay; releases, evictions, leases and re-synced queues
+    between calls leave it naming exactly the requests refused one by one."""
+    kept = 0
+    for seed in range(60):
+        mgr, queue, running = random_state(seed, policy)
+        rng = random.Random(seed)
+        for _ in range(6):
+            assert mgr.refusals(queue, retired_only=True) == one_by_one(mgr, queue, True), seed
+            before = mgr._quick
+            assert mgr.refusals(queue, retired_only=True) == one_by_one(mgr, queue, True), seed
+            kept += before is not None and mgr._quick is before
+            op = rng.random()
+            if op < 0.3 and running:
+                mgr.release(running.pop())  # free blocks and candidates change
+            elif op < 0.5:
+                mgr.tree.evict("gpu", 1)
+            elif op < 0.6:
+                lease = mgr.tree.lock(rng.choice(list(mgr.tree.nodes())))
+                mgr.tree.unlock(lease)  # the version moves, nothing else
+            elif op < 0.75:  # scores move: another lowest candidate, the same free blocks
+                forecast = np.array([[rng.random(), rng.random(), 0.1]])
+                mgr.on_forecast(f"w{rng.randint(0, 3)}", forecast / forecast.sum(), ["a", "b"])
+            else:
+                mgr.note_waiting(queue[rng.randint(0, 3) :])  # the index re-synced
+                queue = queue[rng.randint(0, 2) :]
+                mgr.note_waiting(queue)
+        mgr.check_integrity()
+    assert kept > 50  # the kept tests were reused
