@@ -226,6 +226,9 @@ class OwnedCacheEngine(Generic[E]):
             raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 1")
 
     def _admit(self) -> None:
+        # a scheduler that says it never retracts (preempt False) is not handed the
+        # running requests it would ignore: listing them walks every load, every step
+        may_retract = getattr(self.scheduler, "preempt", True)
         self.scheduler.admit(
             self.kv,
             self._waiting,
@@ -234,7 +237,7 @@ class OwnedCacheEngine(Generic[E]):
             on_reject=self._fail,
             running=len(self._running),
             prefill_share=self.prefill_share,
-            retractable=self._retractable(),
+            retractable=self._retractable() if may_retract else (),
             on_retract=self._retract,
         )
 

@@ -53,11 +53,12 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, TypeVar
 
 from pbkv.engines.admission import Running, Waiting, admission_of, admit_fcfs
-from pbkv.engines.base import EngineError
-from pbkv.kvmanager import Admission, KVManager
+from pbkv.engines.base import EngineError, GenerateRequest
+from pbkv.kvmanager import Admission, AdmitRequest, KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
 
 E = TypeVar("E", bound=Waiting)
@@ -78,6 +79,51 @@ workflows at c=72: 0.30: 768.5; 0.35: 731.5; 0.40: 706.2 / 794.7; 0.42: 700.4 / 
 
 DEFAULT_MAX_RETRACTIONS = 2
 """Times one request may be retracted (paused and requeued) before it runs to its end."""
+
+
+class _Built(NamedTuple):
+    """The KV manager's view of a queued entry, and what it was built from."""
+
+    entry: Waiting
+    asked: GenerateRequest
+    request: AdmitRequest
+
+
+@dataclass(eq=False, slots=True)
+class _Quiet:
+    """What one admission call saw, kept when it admitted, rejected and changed nothing.
+
+    Its outcome is a function of the tree (its :attr:`~pbkv.kvmanager.RadixTree.version`
+    says whether it changed), the order entries are tried in, which of them are held
+    back and whether anything runs; with all of these the same, a call would try the
+    same ``tried`` entries and be refused each time again.
+    """
+
+    kv: KVManager
+    version: int
+    order: list[Waiting]
+    held: set[int]
+    running: bool
+    tried: int = 0
+
+    def same_as(self, other: _Quiet | None) -> bool:
+        return (
+            other is not None
+            and other.kv is self.kv
+            and other.version == self.version
+            and other.running == self.running
+            and other.held == self.held
+            and _same(other.order, self.order)
+        )
+
+
+@dataclass(slots=True)
+class _Spare:
+    """Held entries' keys (``id``) that a retired-only admission would refuse as things
+    stand at tree ``version`` (:meth:`KVManager.refusals`)."""
+
+    version: int = -1
+    refused: set[int] = field(default_factory=set)
 
 
 class Scheduler(Protocol):
@@ -123,6 +169,39 @@ def note_waiting(kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = Fa
         kv.note_queue((e.keys, e.request.namespace) for e in waiting)
 
 
+class _QueueNotes:
+    """:func:`note_waiting`, skipped while the queue and the KV manager's index of it
+    are as the last call left them (the same entries with the same key lists, the
+    index's version unchanged and every walk current): syncing it again would walk and
+    re-key nothing."""
+
+    def __init__(self) -> None:
+        self._kv: KVManager | None = None
+        self._version = -1
+        self._queue: list[Waiting] = []
+        self._keys: list[list[int]] = []
+
+    def note(self, kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
+        if not (ranked or kv.policy.queue_aware):
+            return
+        index = kv.waiting
+        if (
+            kv is self._kv
+            and index.version == self._version
+            and index.current
+            and _same(waiting, self._queue)
+            and all(map(operator.is_, map(_KEYS, waiting), self._keys))
+        ):
+            return
+        queue = list(waiting)
+        note_waiting(kv, queue, ranked=ranked)
+        self._kv, self._version = kv, index.version
+        self._queue, self._keys = queue, [e.keys for e in queue]
+
+
+_KEYS = operator.attrgetter("keys")
+
+
 class FCFSScheduler:
     """Arrival order; stop at the first request that does not fit (see :func:`admit_fcfs`)."""
 
@@ -130,6 +209,7 @@ class FCFSScheduler:
 
     def __init__(self, *, balanced_prefill: bool = False) -> None:
         self.balanced_prefill = balanced_prefill
+        self._notes = _QueueNotes()
 
     def admit(
         self,
@@ -145,7 +225,7 @@ class FCFSScheduler:
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
         """Admit in arrival order; never retracts (what SGLang's and vLLM's users get)."""
-        note_waiting(kv, waiting)
+        self._notes.note(kv, waiting)
         admit_fcfs(kv, waiting, free_slots, on_admit=on_admit, on_reject=on_reject)
 
 
@@ -174,6 +254,11 @@ class _RankedScheduler:
             raise ValueError(f"max_bypass must be >= 0, got {max_bypass}")
         self.max_bypass = max_bypass
         self._bypassed: dict[int, int] = {}  # id(entry) -> times overtaken
+        self._notes = _QueueNotes()
+        self._requests: dict[int, _Built] = {}  # id(entry) -> its view, see _request_of
+        self._quiet: _Quiet | None = None  # the last call, if it tried and changed nothing
+        self._queue: list[Waiting] = []  # the queue _forget_gone last saw
+        self._views: dict[int, AdmitRequest] = {}  # id(entry) -> its view, for _queue
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         """Return ``waiting`` in admission order (best first). Does not modify the cache."""
@@ -198,20 +283,25 @@ class _RankedScheduler:
         retractable: Sequence[R] = (),
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
-        note_waiting(kv, waiting, ranked=True)
+        self._notes.note(kv, waiting, ranked=True)
         candidates = list(retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
         held = self.deferred(kv, waiting, prefill_share)
-        live = {id(e) for e in waiting}
-        self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
-        arrival = {id(e): i for i, e in enumerate(waiting) if id(e) not in held}
-        starving = [e for e in waiting if self._bypassed.get(id(e), 0) >= self.max_bypass]
-        first = {id(e) for e in starving}
-        rest = [e for e in self.rank(kv, waiting) if id(e) not in first]
+        queue = list(waiting)
+        if not _same(queue, self._queue):
+            self._forget_gone(queue)
+        order = self._order(kv, queue)
+        quiet = None if candidates else _Quiet(kv, kv.tree.version, order, held, bool(running))
+        if quiet is not None and quiet.same_as(self._quiet):
+            assert self._quiet is not None
+            kv.count_refusals(self._quiet.tried)  # what trying them again would count
+            return
+        tried = skipped = 0
+        spare = _Spare()
         admitted: list[E] = []
         in_order = True  # every entry tried so far was admitted: this one goes next
-        for entry in [*starving, *rest]:
+        for i, entry in enumerate(order):
             may_retract = in_order and bool(candidates)
             if free_slots <= 0 and not may_retract:
                 break
@@ -221,12 +311,21 @@ class _RankedScheduler:
             if self.wait_for_computing and kv.prefix_in_flight(entry.keys, entry.request.namespace):
                 in_order = False  # a running request is computing its next block: wait for it
                 continue
+            if spare_only and free_slots > 0:
+                if spare.version != kv.tree.version:  # what try_admit would refuse as is
+                    views = self._views
+                    rest = [views[id(e)] for e in order[i:] if id(e) in held]
+                    spare.refused = kv.refusals(rest, retired_only=True)
+                    spare.version = kv.tree.version
+                if id(entry.keys) in spare.refused:
+                    tried += 1
+                    skipped += 1
+                    continue
             try:
-                admission = (
-                    kv.try_admit(admission_of(entry), retired_only=spare_only)
-                    if free_slots > 0
-                    else None
-                )
+                admission = None
+                if free_slots > 0:
+                    tried += 1
+                    admission = kv.try_admit(self._views[id(entry)], retired_only=spare_only)
                 if admission is None and may_retract and not spare_only:
                     assert on_retract is not None
                     victims = self.victims(kv, entry, candidates, need_slot=free_slots <= 0)
@@ -251,7 +350,55 @@ class _RankedScheduler:
             free_slots -= 1
             admitted.append(entry)
             on_admit(entry, admission)
-        self._count_bypasses(waiting, admitted, arrival)
+        kv.count_refusals(skipped)
+        self._count_bypasses(queue, held, waiting, admitted)
+        if quiet is not None and len(waiting) == len(queue) and quiet.version == kv.tree.version:
+            quiet.tried = tried  # nothing admitted or rejected, and the tree as it was
+        else:
+            quiet = None
+        self._quiet = quiet
+
+    def _order(self, kv: KVManager, queue: list[E]) -> list[E]:
+        """Return ``queue`` in the order to try it: requests overtaken ``max_bypass``
+        times first, in arrival order, then the rest as :meth:`rank` orders them."""
+        ranked = self.rank(kv, queue)
+        if max(self._bypassed.values(), default=0) < self.max_bypass:
+            return ranked
+        starving = [e for e in queue if self._bypassed.get(id(e), 0) >= self.max_bypass]
+        first = {id(e) for e in starving}
+        return [*starving, *(e for e in ranked if id(e) not in first)]
+
+    def _forget_gone(self, queue: list[Waiting]) -> None:
+        """Remember ``queue`` and each entry's view (:meth:`_request_of`); drop what is
+        kept for entries no longer queued.
+
+        An entry changes only while it runs (a retraction gives it a new request and
+        keys), and one that left the queue comes back only after a later call, so the
+        views hold while the queue stays the same entries in the same order.
+        """
+        self._queue = queue  # held, so the ids below are not reused while it is
+        live = {id(e) for e in queue}
+        self._bypassed = {k: n for k, n in self._bypassed.items() if k in live}
+        self._views = {id(e): self._request_of(e) for e in queue}
+        if len(self._requests) > len(live):
+            self._requests = {k: v for k, v in self._requests.items() if k in live}
+
+    def _request_of(self, entry: Waiting) -> AdmitRequest:
+        """Return :func:`admission_of` ``entry``, built once per queued entry: a request
+        held back is tried on every step, and its view changes only when a retraction
+        gives it a new request, keys and count."""
+        built = self._requests.get(id(entry))
+        if (
+            built is not None
+            and built.entry is entry  # held, so its id is not reused while cached
+            and built.asked is entry.request
+            and built.request.keys is entry.keys
+            and built.request.resumed == (entry.retractions > 0)
+        ):
+            return built.request
+        request = admission_of(entry)
+        self._requests[id(entry)] = _Built(entry, entry.request, request)
+        return request
 
     def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
         """Return the running requests to retract so that ``entry`` fits (none here).
@@ -261,11 +408,18 @@ class _RankedScheduler:
         return []
 
     def _count_bypasses(
-        self, waiting: Sequence[E], admitted: Sequence[E], arrival: dict[int, int]
+        self,
+        queue: Sequence[E],
+        held: set[int],
+        waiting: Sequence[E],
+        admitted: Sequence[E],
     ) -> None:
-        """Charge each still-waiting request once per later arrival admitted before it."""
+        """Charge each still-waiting request of ``queue`` (the queue before admission,
+        in arrival order) once per later arrival admitted before it; ``held`` entries
+        are not charged and do not count as arrivals."""
         if not admitted:
             return
+        arrival = {id(e): i for i, e in enumerate(queue) if id(e) not in held}
         for entry in waiting:
             mine = arrival.get(id(entry))
             if mine is None:
@@ -366,6 +520,7 @@ class WorkflowScheduler(_RankedScheduler):
         self._ranked_ages: list[int] = []
         self._ranked_kv: KVManager | None = None
         self._ranked_version = -1
+        self._ranked_ordinals = -1  # ScoreBoard.ordinals_version the ranking read
 
     def victims(self, kv: KVManager, entry: E, running: Sequence[R], *, need_slot: bool) -> list[R]:
         """Return the running requests to retract so that ``entry`` fits.
@@ -478,11 +633,21 @@ class WorkflowScheduler(_RankedScheduler):
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         entries = list(waiting)
-        ordinal = kv.scores.ordinal
+        index, scores = kv.waiting, kv.scores
+        # The ranking reads the queue, its index's cached lengths (current while the
+        # index's version stays) and the workflows' ordinals (while their version stays,
+        # the ages are the same and reading them again would assign none).
+        if (
+            kv is self._ranked_kv
+            and index.version == self._ranked_version
+            and scores.ordinals_version == self._ranked_ordinals
+            and _same(entries, self._ranked_for)
+        ):
+            return list(self._ranked)  # type: ignore[arg-type]
+        ordinal = scores.ordinal
         ages = [  # as eviction ranks
             NO_WORKFLOW if (wid := e.request.workflow_id) is None else ordinal(wid) for e in entries
         ]
-        index = kv.waiting
         # cached lengths come from the queue's index when it holds this queue, current
         indexed = index.current and [id(e.keys) for e in entries] == index.order
         if (
@@ -492,19 +657,23 @@ class WorkflowScheduler(_RankedScheduler):
             and ages == self._ranked_ages
             and _same(entries, self._ranked_for)
         ):
+            self._ranked_ordinals = scores.ordinals_version
             return list(self._ranked)  # type: ignore[arg-type]
         bs, bands = kv.config.block_size, self.value_bands
-
-        def band(entry: E) -> int:
-            cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
+        # the index holds every entry's walk when ``indexed``; else walk the tree
+        lookup = index.cached_blocks if indexed else kv.queued_cached_blocks
+        keys = []
+        for entry, age in zip(entries, ages, strict=True):
+            cached = lookup(entry.keys, entry.request.namespace)
+            if cached is None:
+                cached = kv.queued_cached_blocks(entry.keys, entry.request.namespace)
             share = cached * bs / max(1, len(entry.request.prompt_token_ids))
-            return min(bands - 1, int(share * bands))
-
-        keys = [(-band(e), age) for e, age in zip(entries, ages, strict=True)]
+            keys.append((-min(bands - 1, int(share * bands)), age))
         ranked = [entries[i] for i in sorted(range(len(entries)), key=keys.__getitem__)]
         if indexed:
             self._ranked_kv, self._ranked_version = kv, index.version
             self._ranked, self._ranked_for, self._ranked_ages = ranked, entries, ages
+            self._ranked_ordinals = scores.ordinals_version
         else:
             self._ranked_version = -1
         return list(ranked)

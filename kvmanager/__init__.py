@@ -17,7 +17,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
 from pbkv.kvmanager.scoring import ScoreBoard, agent_weights, validate_forecast
 from pbkv.kvmanager.stats import KVStatistics
-from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
+from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 __all__ = [
     "POLICIES",
@@ -41,6 +41,7 @@ __all__ = [
     "Policy",
     "Prefetcher",
     "QueuedPrompt",
+    "QueuedWalk",
     "RadixTree",
     "ScoreBoard",
     "WaitingPrefixes",

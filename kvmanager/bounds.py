@@ -65,6 +65,22 @@ class AccessLog:
         self.events.append((False, ids))
         self.produced.update(ids[prompt_blocks:])
 
+    def insert_extending(
+        self, ids: tuple[int, ...], keys: Sequence[int], namespace: str, prompt_blocks: int
+    ) -> tuple[int, ...]:
+        """Do :meth:`insert` for ``keys`` whose first ``len(ids)`` keys an earlier insert
+        of the same sequence interned as ``ids``; return the ids of all ``keys``.
+
+        The same log as :meth:`insert` (an interned key keeps its id), interning only
+        the new keys: a request's chunk commits each extend the last one.
+
+        Mutates the log.
+        """
+        ids = ids + self._intern(keys[len(ids) :], namespace)
+        self.events.append((False, ids))
+        self.produced.update(ids[prompt_blocks:])
+        return ids
+
     @property
     def accessed_blocks(self) -> int:
         """Block accesses over all admitted prompts."""

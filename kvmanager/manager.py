@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
-from pbkv.kvmanager.waiting import QueuedPrompt, WaitingPrefixes
+from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class Admission:
         loads: host-to-GPU copies the request must wait for (own and joined).
         private_blocks: GPU blocks reserved for the uncached prompt and the output.
         committed_blocks: prompt blocks inserted into the tree so far.
+        logged_ids: the access log's ids of the keys committed so far (with a log).
     """
 
     request: AdmitRequest
@@ -123,10 +125,58 @@ class Admission:
     private_blocks: list[int]
     committed_blocks: int = 0
     done: bool = False
+    logged_ids: tuple[int, ...] = ()
 
     @property
     def computed_tokens(self) -> int:
         return self.request.prompt_tokens - self.cached_gpu_tokens - self.cached_host_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _Slow:
+    """A request :meth:`KVManager.refusals` leaves to ``_refused_as_is``, with its
+    peak GPU blocks."""
+
+    request: AdmitRequest
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class _QuickRefusals:
+    """What :meth:`KVManager.refusals` found for ``requests`` by its quick test (the
+    lowest candidate active or none): the keys it refused (``refused``) and the requests
+    left to the full test (``slow``), valid while the index's ``version``, the ``free``
+    GPU blocks and the ``lowest`` candidate stay, for the same request objects (held
+    here, so their ids are not reused)."""
+
+    version: int
+    free: int
+    lowest: Node | None
+    requests: list[AdmitRequest]
+    refused: frozenset[int]
+    slow: list[_Slow]
+
+    def holds(
+        self, version: int, free: int, lowest: Node | None, requests: list[AdmitRequest]
+    ) -> bool:
+        return (
+            self.version == version
+            and self.free == free
+            and self.lowest is lowest
+            and len(self.requests) == len(requests)
+            and all(map(operator.is_, self.requests, requests))
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """A queued request's GPU blocks at its peak (``total``), those beyond its cached
+    prefix (``blocks``, before loads) and its walk (``None``: not current, or a match
+    would split a node)."""
+
+    total: int
+    blocks: int
+    walk: QueuedWalk | None
 
 
 @dataclass(slots=True)
@@ -185,6 +235,14 @@ class KVManager:
         self.tree.hooks.on_remove = self._on_remove
         self.tree.hooks.on_insert = self.waiting.on_insert
         self._counters = _Counters()
+        # what _refused_as_is reads of the tree, as of tree version _room_at
+        self._room_at = -1
+        self._free = self._unleased = 0
+        self._lowest: Node | None = None
+        # what refusals() keeps per queued request while the index's version stays
+        self._needs_at = -1
+        self._needs: dict[int, _Need] = {}
+        self._quick: _QuickRefusals | None = None  # refusals()' last quick tests
         # prompt block keys running requests are computing (admitted, not yet committed)
         self._computing: Counter[int] = Counter()
         self.kvflow: KVFlowTracker | None = None
@@ -257,15 +315,18 @@ class KVManager:
 
         Returns:
             The admission, or ``None`` when the GPU cannot hold the request now (it
-            stays queued; nothing changed but the eviction already done).
+            stays queued; nothing changed but the eviction already done). A queued
+            request (:meth:`note_queue`) that would be refused with nothing changed is
+            refused without matching, leasing or evicting (see :meth:`_refused_as_is`).
 
         Raises:
             ValueError: the request can never fit in the GPU tier.
 
         Mutates: the tree (match splits, leases, evictions, loads), statistics.
         """
-        total = self.blocks_needed(request.prompt_tokens, request.max_new_tokens)
-        if len(request.keys) > request.prompt_tokens // self.config.block_size:
+        bs = self.config.block_size
+        total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)  # blocks_needed
+        if len(request.keys) > request.prompt_tokens // bs:
             raise ValueError(
                 f"{len(request.keys)} block keys for a {request.prompt_tokens}-token prompt "
                 f"(block size {self.config.block_size})"
@@ -275,6 +336,9 @@ class KVManager:
                 f"request needs {total} GPU blocks; the tier holds "
                 f"{self.config.gpu_capacity_blocks}"
             )
+        if self._refused_as_is(request, total, retired_only):
+            self._counters.rejected_admissions += 1
+            return None
         match = self.tree.match_prefix(request.keys, request.namespace)
         lease = self.tree.lock(match.node)
         try:
@@ -293,7 +357,6 @@ class KVManager:
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
-        bs = self.config.block_size
         return Admission(
             request=request,
             lease=lease,
@@ -304,6 +367,127 @@ class KVManager:
             private_blocks=private,
             committed_blocks=matched,
         )
+
+    def count_refusals(self, requests: int) -> None:
+        """Count ``requests`` admissions as refused without trying them: a scheduler
+        that tried them at this :attr:`RadixTree.version` and was refused each time with
+        nothing changed knows :meth:`try_admit` would refuse them again.
+
+        Mutates: statistics only (``rejected_admissions``).
+        """
+        self._counters.rejected_admissions += requests
+
+    def refusals(self, requests: Iterable[AdmitRequest], *, retired_only: bool = False) -> set[int]:
+        """Return ``id(request.keys)`` of each of ``requests`` that :meth:`try_admit`
+        would refuse now without trying, the cache as it is (see :meth:`_refused_as_is`).
+
+        One pass for a scheduler that tries many queued requests in a row (those it
+        holds back, retried on every step); valid while :attr:`RadixTree.version` stays.
+        A request :meth:`try_admit` would reject with ``ValueError`` is never named.
+        Counts nothing: the caller counts what it refuses (:meth:`count_refusals`).
+
+        Does not modify the cache.
+        """
+        bs, capacity = self.config.block_size, self.config.gpu_capacity_blocks
+        self._read_room()
+        lowest, free, index = self._lowest, self._free, self.waiting
+        # Retired-only, with the lowest candidate active (or none): a request whose
+        # current, whole walk avoids that candidate is refused iff it lacks free blocks
+        # (see _refused_as_is); its shortfall is kept while the index's walks stay.
+        quick = retired_only and self.belady is None and (lowest is None or not lowest.retired)
+        if self._needs_at != index.version:
+            self._needs_at, self._needs = index.version, {}
+        needs = self._needs
+        requests = list(requests)
+        last = self._quick
+        if quick and last is not None and last.holds(index.version, free, lowest, requests):
+            refused, slow = set(last.refused), last.slow  # the quick tests, as they came out
+        else:
+            refused, slow = set(), []
+            for request in requests:
+                key = id(request.keys)
+                total = -(-(request.prompt_tokens + request.max_new_tokens) // bs)
+                if len(request.keys) > request.prompt_tokens // bs or total > capacity:
+                    continue  # try_admit raises
+                if quick:
+                    need = needs.get(key)
+                    if need is None or need.total != total:
+                        need = needs[key] = self._need(request, total)
+                    walk = need.walk
+                    if walk is not None and need.blocks > free and lowest not in walk.path:
+                        refused.add(key)  # (lowest is None or active: see quick)
+                        continue
+                slow.append(_Slow(request, total))
+            if quick:
+                self._quick = _QuickRefusals(
+                    index.version, free, lowest, requests, frozenset(refused), slow
+                )
+        for left in slow:  # these read more of the tree: tested every time
+            if self._refused_as_is(left.request, left.total, retired_only):
+                refused.add(id(left.request.keys))
+        return refused
+
+    def _need(self, request: AdmitRequest, total: int) -> _Need:
+        walk = self.waiting.current_walk(request.keys, request.namespace)
+        if walk is None or not walk.whole:
+            return _Need(total, 0, None)
+        return _Need(total, total - walk.matched_blocks, walk)
+
+    def _read_room(self) -> None:
+        """Read free and unleased GPU blocks and the lowest GPU candidate, once per tree
+        version."""
+        tree = self.tree
+        if self._room_at != tree.version:
+            self._room_at = tree.version
+            self._free = tree.gpu.num_free
+            self._unleased = tree.cached_blocks("gpu") - tree.leased_blocks("gpu")
+            self._lowest = tree.lowest_candidate("gpu")
+
+    def _refused_as_is(self, request: AdmitRequest, total: int, retired_only: bool) -> bool:
+        """Return whether :meth:`try_admit` would refuse ``request`` and leave the cache
+        as it is: decided from the queue's index (:meth:`note_queue`), without matching,
+        leasing or evicting, so a queued request retried on every scheduler step costs
+        its walk's length, not a match, lock, eviction scan and unlock.
+
+        ``True`` only when the index holds the request's walk current, the match would
+        split no node, and the request fails one of :meth:`_reserve`'s tests before any
+        eviction: an in-flight load below one it would start, too few unleased GPU
+        blocks outside its prefix, or (``retired_only``) a lowest eviction candidate
+        outside its prefix that is not retired, so the eviction would stop at once.
+        ``False`` means "try it": the full path decides, with its side effects.
+
+        Does not modify the cache (it keeps what it read of the tree per tree version).
+        """
+        walk = self.waiting.current_walk(request.keys, request.namespace)
+        if walk is None or not walk.whole:
+            return False  # unknown, or match_prefix would split the last node
+        self._read_room()
+        path, lowest = walk.path, self._lowest
+        # A retired-only eviction frees nothing when the lowest candidate is active and
+        # off the request's prefix (on it, the lease would skip it), or there is none.
+        stops = retired_only and (lowest is None or (not lowest.retired and lowest not in path))
+        # at least what it lacks (host-only blocks to load come on top)
+        short = total - walk.matched_blocks - self._free
+        if short > 0:
+            if short > self._unleased:
+                return True  # _make_gpu_room refuses before evicting
+            if stops and self.belady is None:
+                return True  # the eviction stops at once, short of room
+        own = to_load = 0  # the prefix's unleased GPU blocks; host-only blocks to load
+        for node in path:  # GPU nodes first (residency is prefix-closed), then host-only
+            if node.gpu_blocks is not None:
+                if node.lock_count == 0:
+                    own += len(node.gpu_blocks)
+            elif not node.loading:
+                to_load += node.num_blocks
+            elif to_load:
+                return True  # an in-flight load below one it would start: it must wait
+        short += to_load
+        if short <= 0:
+            return False  # it fits
+        if self._unleased - own < short:
+            return True  # _make_gpu_room refuses before evicting
+        return stops and self.belady is None  # else the eviction frees enough
 
     def _reserve(
         self, match: MatchResult, total: int, retired_only: bool = False
@@ -370,6 +554,16 @@ class KVManager:
         for node in path:
             node.last_access_s = now
             self.tree.reprioritize(node)
+        if request.workflow_id is not None:
+            self.scores.touch(path, request.workflow_id, request.agent)
+        if self.kvflow is not None and request.fixed_prefix_tokens:
+            self.kvflow.mark_fixed(self._fixed_part(path, request), request.agent)
+
+    def _touch_leased(self, path: Sequence[Node], request: AdmitRequest) -> None:
+        """Do :meth:`_touch` for a ``path`` the request leases whose nodes the insert
+        just stamped with the time: re-keying a leased node is a no-op
+        (:meth:`RadixTree.reprioritize`), so only the scores and fixed marks are left."""
+        self.tree.version += 1
         if request.workflow_id is not None:
             self.scores.touch(path, request.workflow_id, request.agent)
         if self.kvflow is not None and request.fixed_prefix_tokens:
@@ -466,16 +660,18 @@ class KVManager:
                 f"with {len(admission.private_blocks)} reserved"
             )
         self._computed(admission.request.keys, admission.committed_blocks, len(keys))
-        match = self.tree.insert(keys, admission.private_blocks[:new], admission.request.namespace)
-        admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         old = admission.lease
+        match = self.tree.insert_below(old.node, keys, admission.private_blocks[:new])
+        admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         admission.lease = self.tree.lock(match.node)
         self.tree.unlock(old)
         admission.committed_blocks = len(keys)
-        self._touch(match.path, admission.request)
+        self._touch_leased(match.path, admission.request)
         if self.access_log is not None:
             request = admission.request
-            self.access_log.insert(keys, request.namespace, len(request.keys))
+            admission.logged_ids = self.access_log.insert_extending(
+                admission.logged_ids, keys, request.namespace, len(request.keys)
+            )
 
     def release(self, admission: Admission) -> None:
         """End a request: free its unused reserved blocks and its lease.
@@ -509,10 +705,13 @@ class KVManager:
         chain the namespace and every earlier block, so equal keys mean equal prefixes.
         Does not modify anything.
         """
-        if not self._computing:
+        computing = self._computing
+        if not computing:
             return False
-        cached = self.queued_cached_blocks(keys, namespace)
-        return cached < len(keys) and keys[cached] in self._computing
+        cached = self.waiting.cached_blocks(keys, namespace)  # queued_cached_blocks, inlined
+        if cached is None:
+            cached = sum(self.tree.peek_prefix(keys, namespace))
+        return cached < len(keys) and keys[cached] in computing
 
     def gpu_shortfall(self, request: AdmitRequest) -> int:
         """Return GPU blocks ``request`` lacks now: what it needs beyond its GPU-cached

@@ -153,6 +153,11 @@ class RadixTree:
             "gpu": EvictionIndex(priority, self._gpu_candidate),
             "host": EvictionIndex(priority, self._host_candidate),
         }
+        self.version = 0
+        """Bumped by every call that may change what a match, lease, allocation or
+        eviction would do (shape, residency, leases, pools, eviction keys): equal
+        versions mean an unchanged tree, so a caller may reuse what it decided from it.
+        Read-only for callers."""
 
     # -- queries ---------------------------------------------------------------
 
@@ -160,6 +165,7 @@ class RadixTree:
         """Return the root of ``namespace``, creating it on first use."""
         node = self._roots.get(namespace)
         if node is None:
+            self.version += 1
             node = self._roots[namespace] = Node([], None, namespace, next(self._serial))
         return node
 
@@ -292,6 +298,7 @@ class RadixTree:
 
     def lock(self, node: Node) -> Lease:
         """Lease the path from ``node`` to its root. Mutates lock counts."""
+        self.version += 1
         lease = Lease(node)
         self._leases.add(lease)
         walk: Node | None = node
@@ -310,6 +317,7 @@ class RadixTree:
         """
         if lease.released:
             raise ValueError("lease released twice")
+        self.version += 1
         lease.released = True
         self._leases.discard(lease)
         walk: Node | None = lease.node
@@ -339,11 +347,13 @@ class RadixTree:
             ValueError: fewer than ``n`` blocks are free; evict first.
         """
         blocks = self._pool(tier).allocate(n)
+        self.version += 1
         self._private[tier] += n
         return blocks
 
     def free_private(self, tier: Tier, blocks: list[int]) -> None:
         """Return private blocks to the free list. Mutates the pool."""
+        self.version += 1
         self._private[tier] -= len(blocks)
         self._pool(tier).free(blocks)
 
@@ -373,10 +383,56 @@ class RadixTree:
         skip = len(keys) - len(gpu_blocks)
         if skip < 0:
             raise ValueError(f"{len(keys)} keys for {len(gpu_blocks)} blocks")
+        self.version += 1
+        return self._insert_below(self.root(namespace), [], 0, keys, gpu_blocks, self.clock(), 0)
+
+    def insert_below(self, node: Node, keys: list[int], gpu_blocks: list[int]) -> MatchResult:
+        """Do :meth:`insert` for ``keys`` whose cached, leased prefix ends at ``node``.
+
+        The same tree, timestamps, eviction order and result as
+        ``insert(keys, gpu_blocks, node.namespace)``, without matching the prefix again:
+        a request's chunk commits extend the sequence its lease holds, so each one
+        costs the new blocks' walk, not the whole prompt's. The prefix's nodes get
+        ``last_access_s`` as :meth:`insert` gives them; their re-keying is skipped
+        because a leased node is not a candidate (see :meth:`reprioritize`). Falls back
+        to :meth:`insert` unless the path to ``node`` holds exactly the first
+        ``len(keys) - len(gpu_blocks)`` keys, all leased and on the GPU.
+
+        Raises / Mutates: as :meth:`insert`.
+        """
+        skip = len(keys) - len(gpu_blocks)
+        prefix: list[Node] = []
+        depth = 0
+        walk, parent = node, node.parent
+        while parent is not None:  # up to the root
+            if walk.lock_count == 0 or walk.gpu_blocks is None:
+                return self.insert(keys, gpu_blocks, node.namespace)
+            prefix.append(walk)
+            depth += len(walk.keys)
+            walk, parent = parent, parent.parent
+        if depth != skip or (depth and node.keys[-1] != keys[depth - 1]):
+            return self.insert(keys, gpu_blocks, node.namespace)  # keys chain the prefix
+        self.version += 1
         now = self.clock()
-        node = self.root(namespace)
-        path: list[Node] = []
-        i = 0
+        prefix.reverse()
+        for walk in prefix:
+            walk.last_access_s = now
+        return self._insert_below(node, prefix, skip, keys, gpu_blocks, now, depth)
+
+    def _insert_below(
+        self,
+        node: Node,
+        path: list[Node],
+        i: int,
+        keys: list[int],
+        gpu_blocks: list[int],
+        now: float,
+        gpu: int,
+    ) -> MatchResult:
+        """Insert ``keys[i:]`` below ``node`` (``path`` leads to it, holding ``i``
+        blocks, ``gpu`` of them on the GPU); the walk of :meth:`insert`."""
+        skip = len(keys) - len(gpu_blocks)
+        known = len(path)
         while i < len(keys):
             child = node.children.get(keys[i])
             if child is None:
@@ -399,7 +455,7 @@ class RadixTree:
             self.reprioritize(child)
             path.append(child)
             node = child
-        gpu = sum(n.num_blocks for n in path if n.on_gpu)
+        gpu += sum(len(n.keys) for n in path[known:] if n.gpu_blocks is not None)
         return MatchResult(node, tuple(path), gpu, i - gpu)
 
     def _adopt_or_free(self, node: Node, blocks: list[int]) -> None:
@@ -437,6 +493,7 @@ class RadixTree:
         """
         parent = node.parent
         assert parent is not None and 0 < at < node.num_blocks
+        self.version += 1
         top = Node(node.keys[:at], parent, node.namespace, next(self._serial))
         node.keys = node.keys[at:]
         if node.gpu_blocks is not None:
@@ -501,6 +558,7 @@ class RadixTree:
 
         Mutates: the tree, both pools, the counters.
         """
+        self.version += 1
         freed = 0
         index = self._index[tier]
         while freed < num_blocks:
@@ -617,6 +675,7 @@ class RadixTree:
         """
         if node.lock_count:
             raise ValueError(f"cannot discard a copy of leased {node}")
+        self.version += 1
         if _blocks(node, tier) is not None:
             self._release(node, tier)
         if not node.on_gpu and not node.on_host and node.parent is not None:
@@ -645,6 +704,7 @@ class RadixTree:
                 parent is None or parent.is_root or parent.on_gpu or parent.loading
             ):
                 raise ValueError(f"cannot load {node}: its parent is not on the GPU")
+        self.version += 1
         blocks = tuple(self.pool_allocate_gpu(n.num_blocks) for n in nodes)
         load = LoadTransfer(tuple(nodes), blocks, self.lock(nodes[-1]), prefetch)
         for node in nodes:
@@ -663,6 +723,7 @@ class RadixTree:
         A chain whose parent is not on the GPU when it lands (the parent's load failed)
         fails as well, so no gap is ever made resident.
         """
+        self.version += 1
         first_parent = load.nodes[0].parent
         if ok and first_parent is not None and not first_parent.is_root and not first_parent.on_gpu:
             # the parent's own load failed (or has not landed): marking this chain resident
@@ -697,6 +758,7 @@ class RadixTree:
         nodes are inner nodes of its growing context chain, so most score refreshes
         stop here.
         """
+        self.version += 1
         if node.lock_count:
             return
         if node.gpu_blocks is not None and not node.gpu_children:
@@ -707,6 +769,7 @@ class RadixTree:
     def reprioritize_groups(self, groups: Iterable[Iterable[Node]]) -> None:
         """:meth:`reprioritize` each node of each of ``groups`` (a score refresh's groups,
         in one call)."""
+        self.version += 1
         gpu, host = self._index["gpu"].update, self._index["host"].update
         for group in groups:
             for node in group:

@@ -392,6 +392,9 @@ class ScoreBoard:
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._ordinal: dict[str, int] = {}  # active workflows only: bounded like _nodes
         self._ordinals = itertools.count()
+        self.ordinals_version = 0
+        """Bumped whenever an ordinal is given or forgotten: while it stays put,
+        :meth:`ordinal` returns what it returned before and changes nothing."""
         self.refreshed_nodes = 0
 
     @property
@@ -412,6 +415,7 @@ class ScoreBoard:
         ordinal = self._ordinal.get(workflow_id)
         if ordinal is None:
             ordinal = self._ordinal[workflow_id] = next(self._ordinals)
+            self.ordinals_version += 1
         return ordinal
 
     @property
@@ -587,7 +591,8 @@ class ScoreBoard:
         self._call_shares.pop(workflow_id, None)
         self._history_evidence.pop(workflow_id, None)
         self._groups.pop(workflow_id, None)
-        self._ordinal.pop(workflow_id, None)
+        if self._ordinal.pop(workflow_id, None) is not None:
+            self.ordinals_version += 1
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
             node.score -= sum(weights.get(a, 0.0) for a in agents)

@@ -33,8 +33,11 @@ different namespaces."""
 
 
 @dataclass(eq=False, slots=True)
-class _Walk:
+class QueuedWalk:
     """One queued prompt's walk down the tree (see :meth:`RadixTree.peek_spans`).
+
+    Kept by :class:`WaitingPrefixes`; callers read it (:meth:`WaitingPrefixes.current_walk`)
+    and never modify it.
 
     Attributes:
         keys: the prompt's block keys (the queue's own list: must not change while queued).
@@ -45,6 +48,7 @@ class _Walk:
         matched_blocks: their sum (GPU or host: a demotion or load does not change it).
         open_end: the walk stopped for want of a child (keys remain after a fully matched
             last node, or nothing matched): a new child there may extend it.
+        whole: every node of ``path`` is matched whole (a match would split none).
         stale: the tree changed where the walk went; walk again before use.
     """
 
@@ -55,6 +59,7 @@ class _Walk:
     spans: tuple[int, ...] = ()
     matched_blocks: int = 0
     open_end: bool = False
+    whole: bool = True
     stale: bool = True
 
 
@@ -75,13 +80,13 @@ class WaitingPrefixes:
     def __init__(self, tree: RadixTree, *, count_nodes: bool) -> None:
         self._tree = tree
         self._count = count_nodes
-        self._walks: dict[int, _Walk] = {}  # id(keys) -> walk
+        self._walks: dict[int, QueuedWalk] = {}  # id(keys) -> walk
         self._order: list[int] = []  # id(keys) of the last sync's queue, in order
         self._copies = False  # the last sync's queue held a prompt twice
-        self._stale: set[_Walk] = set()
-        self._through: dict[Node, set[_Walk]] = {}  # walks whose path holds the node
-        self._open_at: dict[Node, set[_Walk]] = {}  # open walks stopped at a non-root node
-        self._open_at_root: dict[str, set[_Walk]] = {}  # open walks that matched nothing
+        self._stale: set[QueuedWalk] = set()
+        self._through: dict[Node, set[QueuedWalk]] = {}  # walks whose path holds the node
+        self._open_at: dict[Node, set[QueuedWalk]] = {}  # open walks stopped at a non-root node
+        self._open_at_root: dict[str, set[QueuedWalk]] = {}  # open walks that matched nothing
         self.counts: dict[Node, int] = {}
         """Node -> queued requests whose walk visits it (as of the last :meth:`sync`)."""
         self._before: dict[Node, int] = {}  # counts at the last take_changes, if changed
@@ -131,7 +136,7 @@ class WaitingPrefixes:
         if len(ids) > len(walks):
             for keys, namespace in prompts:
                 if id(keys) not in walks:
-                    walk = walks[id(keys)] = _Walk(keys, namespace, 1)
+                    walk = walks[id(keys)] = QueuedWalk(keys, namespace, 1)
                     self._stale.add(walk)
         copies = len(ids) < len(order)
         if copies or self._copies:  # a prompt queued twice counts twice
@@ -151,6 +156,18 @@ class WaitingPrefixes:
         if walk is None or walk.stale or walk.keys is not keys or walk.namespace != namespace:
             return None
         return walk.matched_blocks
+
+    def current_walk(self, keys: list[int], namespace: str = "") -> QueuedWalk | None:
+        """Return a queued prompt's walk, what :meth:`RadixTree.peek_spans` would give
+        now, or ``None`` when the index does not hold it current (see
+        :meth:`cached_blocks`). Read it; do not modify it.
+
+        Does not modify anything.
+        """
+        walk = self._walks.get(id(keys))
+        if walk is None or walk.stale or walk.keys is not keys or walk.namespace != namespace:
+            return None
+        return walk
 
     def take_changes(self) -> list[tuple[Node, int]]:
         """Return ``(node, count)`` for each node whose count differs from what it was at
@@ -208,18 +225,19 @@ class WaitingPrefixes:
 
     # -- internals -------------------------------------------------------------------
 
-    def _mark_stale(self, walks: set[_Walk] | None) -> None:
+    def _mark_stale(self, walks: set[QueuedWalk] | None) -> None:
         if walks:
             for walk in walks:
                 walk.stale = True
             self._stale.update(walks)
             self.version += 1
 
-    def _walk(self, walk: _Walk) -> None:
+    def _walk(self, walk: QueuedWalk) -> None:
         path, spans = self._tree.peek_spans(walk.keys, walk.namespace)
         walk.path, walk.spans, walk.stale = tuple(path), tuple(spans), False
         walk.matched_blocks = matched = sum(spans)
-        walk.open_end = matched < len(walk.keys) and (not path or spans[-1] == path[-1].num_blocks)
+        walk.whole = not path or spans[-1] == path[-1].num_blocks
+        walk.open_end = matched < len(walk.keys) and walk.whole
         for node in path:
             self._through.setdefault(node, set()).add(walk)
         if walk.open_end:
@@ -230,7 +248,7 @@ class WaitingPrefixes:
         if self._count:
             self._add_counts(path, walk.copies)
 
-    def _unwalk(self, walk: _Walk) -> None:
+    def _unwalk(self, walk: QueuedWalk) -> None:
         for node in walk.path:
             _discard(self._through, node, walk)
         if walk.open_end:
@@ -255,7 +273,7 @@ class WaitingPrefixes:
                 del counts[node]
 
 
-def _discard(index: dict, key: object, walk: _Walk) -> None:
+def _discard(index: dict, key: object, walk: QueuedWalk) -> None:
     walks = index.get(key)
     if walks is not None:
         walks.discard(walk)

@@ -109,7 +109,9 @@ class PolicyResult:
     ``recomputed_tokens`` counts every prompt token prefilled, a retracted request's
     second prefill included; the hit rates count each request once, at its first
     admission. ``retractions``: running requests the scheduler paused to admit another
-    (§7.0).
+    (§7.0). ``wall_s`` and ``cpu_s`` are the real seconds the run took, on the wall
+    clock and as this process's CPU time (``time.process_time``: steadier than the wall
+    clock on a shared machine; ``nan`` where not measured).
     """
 
     policy: str
@@ -135,6 +137,7 @@ class PolicyResult:
     min_gpu_hit_rate: float = float("nan")
     min_total_hit_rate: float = float("nan")
     retractions: int = 0
+    cpu_s: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,9 +272,10 @@ def run_policy(
     kv_stats: KVStatistics | None = None
     retractions = 0
     seed_scheduler(config.seed)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - started_cpu
     assert kv_stats is not None
     by_id = {w.workflow_id: w for w in workload}
     for o in outcomes:
@@ -283,7 +287,7 @@ def run_policy(
     result = summarise_outcomes(
         policy, config, outcomes, kv_stats, wall_s, timeline, scheduler=scheduler
     )
-    result = dataclasses.replace(result, retractions=retractions)
+    result = dataclasses.replace(result, retractions=retractions, cpu_s=cpu_s)
     if access_log is None:
         return result
     return dataclasses.replace(

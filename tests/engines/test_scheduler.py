@@ -292,3 +292,52 @@ def test_workflow_retract_is_the_workflow_scheduler_with_retraction_on():
         "workflow",
         False,
     )
+
+
+def held_setup():
+    """w0 (older) has 10 active blocks cached on a 17-block GPU; w1's 7-block request is
+    held back (outside the cohort) and does not fit in free space until w0's running
+    request ends."""
+    kv = manager(gpu=17, host=0)
+    for w in ("w0", "w1"):
+        kv.on_workflow_started(w)
+    context = list(range(20, 30))
+    adm = kv.try_admit(AdmitRequest(context, len(context), 1, "w0", "a"))
+    kv.commit(adm, context)
+    kv.release(adm)
+    waiting = deque(
+        [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
+    )
+    return kv, waiting
+
+
+def test_a_held_request_is_admitted_in_the_call_after_room_frees():
+    kv, waiting = held_setup()
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    started = {}
+
+    def admit_once():
+        admitted = []
+        scheduler.admit(
+            kv,
+            waiting,
+            8,
+            on_admit=lambda e, adm: (
+                admitted.append(e.request.request_id),
+                started.update({e: adm}),
+            ),
+            on_reject=lambda e, err: admitted.append(f"rejected {e.request.request_id}"),
+            running=1,
+        )
+        return admitted
+
+    assert scheduler.cohort(kv, waiting) == {"w0"}
+    assert admit_once() == ["w0"]  # w1 held: 7 blocks, 3 free, the lowest block active
+    refused = kv.statistics().rejected_admissions
+    for _ in range(3):  # nothing changes: refused again, each try counted
+        assert admit_once() == []
+    assert kv.statistics().rejected_admissions == refused + 3
+    (w0,) = started.values()
+    kv.release(w0)  # w0's request ends: its 4 reserved blocks come back, 7 free
+    assert admit_once() == ["w1"]  # fits in free space: admitted in this very call
+    kv.check_integrity()

@@ -6,7 +6,7 @@ import pytest
 from pbkv.kvmanager import AdmitRequest
 
 from .conftest import make_manager
-from .test_eviction import AGENTS, run
+from .test_eviction import AGENTS, eviction_order, run
 
 
 def test_admission_reserves_prompt_and_output(clock):
@@ -191,3 +191,77 @@ def test_prefix_in_flight_counts_every_request_computing_a_block(clock):
     mgr.commit(b, [1, 2])
     mgr.release(b)
     assert not mgr.prefix_in_flight([1, 2]) and not mgr._computing
+
+
+def _tree_state(mgr):
+    nodes = sorted(mgr.tree.nodes(), key=lambda n: n.serial)
+    return [
+        (n.serial, tuple(n.keys), n.last_access_s, n.lock_count, n.score.hex(), n.retired,
+         tuple(sorted((w, tuple(sorted(a))) for w, a in n.accessors.items())))
+        for n in nodes
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["lru", "pbkv"])
+def test_chunk_commits_below_the_lease_are_the_full_inserts(clock, monkeypatch, policy):
+    """Commits that extend a request's leased prefix (:meth:`RadixTree.insert_below`,
+    :meth:`AccessLog.insert_extending`) leave the same tree, timestamps, scores, access
+    log, eviction order and statistics as inserting each whole prefix from the root, on
+    random contested chunked prefills with cancellations (released mid-prefill) and
+    shared prefixes split by other requests between a request's chunks."""
+    from pbkv.kvmanager import AccessLog
+
+    class FullLog(AccessLog):  # interns every commit's whole sequence
+        def insert_extending(self, ids, keys, namespace, prompt_blocks):
+            self.insert(keys, namespace, prompt_blocks)
+            return ()
+
+    def manager(log):
+        mgr = make_manager(clock, policy, gpu=40, host=0)
+        mgr.access_log = log
+        for w in ("w0", "w1", "w2"):
+            mgr.on_workflow_started(w)
+        return mgr
+
+    fast, plain = manager(AccessLog(1)), manager(FullLog(1))
+    tree = plain.tree  # every commit inserts the whole sequence from the root
+    monkeypatch.setattr(tree, "insert_below", lambda n, k, b: tree.insert(k, b, n.namespace))
+    rng = np.random.default_rng(5)
+    prompts = [[1, 2, 3, *range(10 * w, 10 * w + 9)] for w in range(4)]
+    running = {}  # id -> (fast admission, plain admission, keys)
+    below = 0
+    for step in range(300):
+        clock.advance()
+        op = rng.random()
+        if op < 0.35 and len(running) < 4:
+            base = prompts[int(rng.integers(4))]
+            keys = base[: int(rng.integers(2, len(base) + 1))] + [1000 + step]
+            w, agent = f"w{rng.integers(3)}", str(rng.choice(["a", "b"]))
+            pair = [mgr.try_admit(AdmitRequest(list(keys), len(keys), 2, w, agent))
+                    for mgr in (fast, plain)]  # fmt: skip
+            assert (pair[0] is None) == (pair[1] is None)
+            if pair[0] is not None:
+                running[step] = (*pair, keys)
+        elif running:
+            key = list(running)[int(rng.integers(len(running)))]
+            a, b, keys = running[key]
+            if op < 0.9 and a.committed_blocks < len(keys):
+                upto = min(len(keys), a.committed_blocks + int(rng.integers(1, 4)))
+                below += a.committed_blocks > 0
+                fast.commit(a, keys[:upto])
+                plain.commit(b, keys[:upto])
+            else:  # done, or cancelled mid-prefill
+                fast.release(a)
+                plain.release(b)
+                del running[key]
+        assert _tree_state(fast) == _tree_state(plain)
+        assert fast.access_log.events == plain.access_log.events
+        fast.check_integrity()
+    assert below > 40  # chunk commits went below a lease
+    assert fast.access_log.produced == plain.access_log.produced
+    assert fast.statistics() == plain.statistics()
+    assert fast.statistics().evicted_active_blocks > 10  # contested: evictions read the order
+    for a, b, _ in running.values():
+        fast.release(a)
+        plain.release(b)
+    assert eviction_order(fast, 20) == eviction_order(plain, 20)
