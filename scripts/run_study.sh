@@ -3,7 +3,7 @@
 # Every number in docs/results.md comes from the JSON this writes into docs/data/.
 # The runs are independent, so JOBS of them (default: one per CPU) run at once, longest
 # first; each one's output goes to a log file, and a failed run is named with its log.
-# About 20 minutes on 2 idle cores (the paper-load sweep is the longest run, 7 minutes).
+# About an hour on 2 shared cores (the paper-load sweep is the longest run, 29 minutes there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/data
