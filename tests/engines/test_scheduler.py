@@ -109,10 +109,10 @@ def test_workflow_scheduler_admits_oldest_workflow_first_and_cached_requests_ahe
     assert admit(scheduler, kv, waiting) == ["w2-warm", "w0-cold", "w1-cold", "w2-cold"]
 
 
-def cohort_setup():
-    """w0 (older) has 10 active blocks cached on a 16-block GPU; w1's 6-token request
-    fits only by evicting them, w0's 3-token one fits beside them."""
-    kv = manager(gpu=16, host=0)
+def cohort_setup(gpu: int = 16):
+    """w0 (older) has 10 active blocks cached on a ``gpu``-block GPU; on 16 blocks w1's
+    6-token request fits only by evicting them, w0's 3-token one fits beside them."""
+    kv = manager(gpu=gpu, host=0)
     for w in ("w0", "w1"):
         kv.on_workflow_started(w)
     context = list(range(20, 30))
@@ -294,25 +294,10 @@ def test_workflow_retract_is_the_workflow_scheduler_with_retraction_on():
     )
 
 
-def held_setup():
-    """w0 (older) has 10 active blocks cached on a 17-block GPU; w1's 7-block request is
-    held back (outside the cohort) and does not fit in free space until w0's running
-    request ends."""
-    kv = manager(gpu=17, host=0)
-    for w in ("w0", "w1"):
-        kv.on_workflow_started(w)
-    context = list(range(20, 30))
-    adm = kv.try_admit(AdmitRequest(context, len(context), 1, "w0", "a"))
-    kv.commit(adm, context)
-    kv.release(adm)
-    waiting = deque(
-        [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
-    )
-    return kv, waiting
-
-
 def test_a_held_request_is_admitted_in_the_call_after_room_frees():
-    kv, waiting = held_setup()
+    # on 17 blocks w1 (held back, outside the cohort) fits in free space only once w0's
+    # running request ends
+    kv, waiting = cohort_setup(gpu=17)
     scheduler = WorkflowScheduler(cohort_fill=0.5)
     started = {}
 
