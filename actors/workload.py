@@ -10,6 +10,7 @@ predictor only ever sees the executed prefix of the path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Literal
 
 from pbkv.predictor.trace import TRACE_VERSION, SegmentCount, TraceRecord, TraceStep
@@ -52,7 +53,7 @@ class Step:
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
-        return tuple(t for s in self.segments for t in s.token_ids)
+        return tuple(chain.from_iterable(s.token_ids for s in self.segments))
 
     @property
     def prompt_tokens(self) -> int:

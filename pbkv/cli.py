@@ -243,7 +243,7 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     from pbkv.bench.compare import BenchRun, run_bench
     from pbkv.bench.report import comparison_table, gpu_tier_note
 
-    labels = (*config.policies, "floor") if engine == "sim" else config.policies
+    labels = (*config.policies, "uncontested") if engine == "sim" else config.policies
     with _progress(console) as progress:
         tasks = {p: progress.add_task(f"{p:>6}", total=config.workflows) for p in labels}
         if engine == "trtllm-sim":

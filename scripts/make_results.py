@@ -73,10 +73,15 @@ def bench_table(run: dict) -> list[str]:
             f"| | {100 * b['min_total_hit_rate']:.1f} | | | | | |"
         )
         lines.append(
-            f"| floor (GPU holds all) | {FLOOR_SPEC.partition(':')[2]} | | "
-            f"{b['floor_latency_s']:.2f} | | | | | | | "
+            f"| floor (lower bound) | any | | {b['floor_latency_s']:.2f} | | | | | | | "
             f"{base['mean_latency_s'] / b['floor_latency_s']:.3f}x | | | |"
         )
+        if "uncontested_latency_s" in b:
+            lines.append(
+                f"| uncontested (GPU holds all; not a bound) | {FLOOR_SPEC.partition(':')[2]} | | "
+                f"{b['uncontested_latency_s']:.2f} | | | | | | | "
+                f"{base['mean_latency_s'] / b['uncontested_latency_s']:.3f}x | | | |"
+            )
     return lines
 
 
@@ -120,8 +125,8 @@ def headline(data: Path) -> list[str]:
                 f"against the infinite-cache ceiling {100 * bounds['ceiling_hit_rate']:.1f}%; "
                 f"GPU hit {100 * pbkv['gpu_hit_rate']:.1f}% against offline MIN "
                 f"{100 * bounds['min_hit_rate']:.1f}% (on {bounds['min_order']}'s access order); "
-                f"latency {pbkv['mean_latency_s']:.2f} s against the uncontested floor "
-                f"{bounds['floor_latency_s']:.2f} s."
+                f"latency {pbkv['mean_latency_s']:.2f} s against the floor "
+                f"{bounds['floor_latency_s']:.2f} s (no run on this cost model is faster)."
             )
         ladder = " → ".join(
             f"{p} {100 * rows[p]['gpu_hit_rate']:.1f}%" for p in PAPER_LADDER_HIT if p in rows

@@ -38,9 +38,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from .profile import HardwareProfile, ModelProfile
 
-__all__ = ["CostModel", "PrefillChunk", "StepCost"]
+__all__ = ["CostModel", "DecodeRun", "PrefillChunk", "StepCost"]
 
 
 class PrefillChunk(NamedTuple):
@@ -48,6 +50,13 @@ class PrefillChunk(NamedTuple):
 
     new_tokens: int
     cached_tokens: int
+
+
+class DecodeRun(NamedTuple):
+    """A run of decode steps of one sequence alone: their total seconds and FLOPs."""
+
+    seconds: float
+    flops: float
 
 
 @dataclass(frozen=True)
@@ -307,6 +316,28 @@ class CostModel:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         return self.step_s([], batch_size, kv_tokens_read)
+
+    def decode_run(self, kv_tokens_read: np.ndarray) -> DecodeRun:
+        """Return the seconds and FLOPs of one sequence decoding alone, one step per entry.
+
+        The sum of ``decode_step_s(1, k)`` over ``k`` in ``kv_tokens_read`` (each step's
+        context, its new token included), computed at once: each step's FLOPs and bytes
+        are affine in ``k`` (module docstring).
+
+        Args:
+            kv_tokens_read: ``(steps,)`` context tokens per step, ``>= 0``.
+
+        Raises:
+            ValueError: a negative context.
+        """
+        k = np.asarray(kv_tokens_read, dtype=np.float64)
+        if len(k) and k.min() < 0:
+            raise ValueError(f"kv_tokens_read must be >= 0, got {k.min():g}")
+        flops = 2.0 * self.model.num_params + self.attention_flops(1) * k
+        bytes_per_gpu = self.weight_bytes_per_gpu + k * self.kv_bytes_per_token_per_gpu
+        compute_s = flops / self.compute_flops_per_s
+        memory_s = bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu
+        return DecodeRun(float(np.maximum(compute_s, memory_s).sum()), float(flops.sum()))
 
     def transfer_s(self, num_bytes: int) -> float:
         """Return the seconds to copy ``num_bytes`` (all GPUs together) host↔device.

@@ -22,6 +22,7 @@ from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Workflow
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
+from pbkv.engines.sim.floor import latency_floor
 from pbkv.engines.sim.profile import load_hardware, load_model
 from pbkv.kvmanager import (
     AccessLog,
@@ -148,14 +149,16 @@ class Bounds:
         ceiling_hit_rate: infinite-cache hit rate over any order of the workload's
             requests (:func:`~pbkv.kvmanager.ceiling_hits`); no policy's total hit rate,
             under any scheduler, exceeds it.
-        floor_latency_s: mean workflow latency with a GPU tier that holds everything
-            (no eviction, no admission waits on memory; ``lru`` + ``fcfs-balanced``, the
-            best batch composition the engines have, so a row with balanced batches
-            does not undercut it): what the cache can give, not a bound on what an
-            admission order could. Under closed-loop load a scheduler that runs fewer
-            workflows at once finishes the first ones sooner and can go below it:
-            financebench c=32, pbkv:workflow 263.92 s against a 304.33 s floor (the
-            uncontested ``lru:workflow``, which runs everyone at once, 294.77 s).
+        floor_latency_s: a lower bound on mean workflow latency that no policy,
+            scheduler or tier size on the sim engine beats
+            (:func:`~pbkv.engines.sim.floor.latency_floor`): the larger of each
+            workflow's critical path alone with every shareable block cached, and the
+            closed-loop bound from the GPU's compute rate and bandwidth.
+        uncontested_latency_s: a reference, not a bound: mean workflow latency of
+            ``FLOOR_SPEC`` (arrival order, balanced batches) with a GPU tier that holds
+            everything, i.e. what the cache alone can give. A scheduler that holds
+            workflows back can go below it (financebench c=32: pbkv:workflow 263.92 s
+            against 304.33 s).
         min_hit_rate / min_total_hit_rate: exact offline MIN at the GPU capacity, and
             at GPU + host capacity, over the recorded access order of ``min_order``'s
             run; no demand policy (no prefetch) beats them on that order.
@@ -167,6 +170,7 @@ class Bounds:
     min_hit_rate: float
     min_total_hit_rate: float
     min_order: str
+    uncontested_latency_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +310,8 @@ SGLang users get), so eviction and admission gains are measured apart."""
 
 
 FLOOR_SPEC = "lru:fcfs-balanced"
-"""The floor run's ``policy:scheduler``: arrival order and balanced (stall-free) batches."""
+"""The uncontested run's ``policy:scheduler``: arrival order and balanced (stall-free)
+batches, under a GPU tier that holds everything (``Bounds.uncontested_latency_s``)."""
 
 
 def resolve_spec(spec: str, scheduler: str | None = None) -> tuple[str, str]:
@@ -482,7 +487,7 @@ def run_bench(
     """Run every policy spec of ``config`` on one workload, and the bounds beside them.
 
     ``on_outcome(spec, outcome)`` is called as each workflow ends (progress bars); the
-    floor run reports as ``"floor"``.
+    uncontested reference run reports as ``"uncontested"``.
 
     Raises:
         ValueError: unknown app, policy, scheduler, predictor or profile name.
@@ -523,7 +528,7 @@ def run_bench(
         )
     found = None
     if bounds:
-        callback = None if on_outcome is None else (lambda o: on_outcome("floor", o))
+        callback = None if on_outcome is None else (lambda o: on_outcome("uncontested", o))
         found = _bounds(workload, config, results, callback)
     return BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found)
 
@@ -534,13 +539,14 @@ def _bounds(
     results: Sequence[PolicyResult],
     on_outcome: Callable[[WorkflowOutcome], None] | None,
 ) -> Bounds:
-    """Return the bounds: the rows' ceiling and MIN (of the lru row, else the first) and
-    the latency of an uncontested run (a GPU tier that holds every token served)."""
+    """Return the bounds: the rows' ceiling and MIN (of the lru row, else the first), the
+    latency floor, and the latency of an uncontested run (a GPU tier that holds every
+    token served) for reference."""
     base = next((r for r in results if r.policy == "lru"), results[0])
     bs = config.block_size
     everything = sum(s.prompt_tokens + s.output_tokens + bs for w in workload for s in w.steps)
     uncontested = dataclasses.replace(config, host_kv_tokens=0)
-    floor = run_policy(
+    reference = run_policy(
         workload,
         uncontested,
         FLOOR_SPEC,
@@ -548,10 +554,19 @@ def _bounds(
         gpu_kv_tokens=everything,
         on_outcome=on_outcome,
     )
+    cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+    bound = latency_floor(
+        workload,
+        cost,
+        block_size=bs,
+        concurrency=config.concurrency,
+        open_loop=config.open_loop,
+    )
     return Bounds(
         ceiling_hit_rate=max(r.ceiling_hit_rate for r in results),
-        floor_latency_s=floor.mean_latency_s,
+        floor_latency_s=bound.mean_latency_s,
         min_hit_rate=base.min_gpu_hit_rate,
         min_total_hit_rate=base.min_total_hit_rate,
         min_order=row_name(base),
+        uncontested_latency_s=reference.mean_latency_s,
     )

@@ -82,13 +82,13 @@ def test_bench_replays_open_loop_and_pbkv_stays_with_lru():
         model="qwen3-14b",
     )
     arrivals = {w.workflow_id: w.arrival_s for w in get_app("mooncake").generate(40, 0)}
-    starts = []  # (row, workflow, start) of the lru, pbkv and floor runs
+    starts = []  # (row, workflow, start) of the lru, pbkv and uncontested runs
     run = run_bench(
         config, on_outcome=lambda row, o: starts.append((row, o.workflow_id, o.start_s))
     )
     # open loop: no request starts before it arrived (closed loop starts 7 of these 40
     # early: the trace's first 40 arrivals span 12 s)
-    assert Counter(row for row, _, _ in starts) == {"lru": 40, "pbkv": 40, "floor": 40}
+    assert Counter(row for row, _, _ in starts) == {"lru": 40, "pbkv": 40, "uncontested": 40}
     assert all(start >= arrivals[wf] - 1e-9 for _, wf, start in starts)
     lru, pbkv = run.results
     assert run.bounds is not None

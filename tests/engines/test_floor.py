@@ -1,0 +1,111 @@
+"""The latency floor: no sim run beats it, and it is exact where nothing is contested."""
+
+import numpy as np
+import pytest
+
+from pbkv.actors.workload import Segment, Step, Workflow
+from pbkv.bench.compare import BenchConfig, run_bench
+from pbkv.engines.sim.costmodel import CostModel
+from pbkv.engines.sim.floor import latency_floor
+from pbkv.engines.sim.profile import load_hardware, load_model
+
+COST = CostModel(load_hardware("a6000-tp2"), load_model("qwen3-32b"))
+
+
+def test_decode_run_is_the_sum_of_its_decode_steps():
+    contexts = np.random.default_rng(0).integers(0, 40_000, 300)
+    run = COST.decode_run(contexts)
+    assert run.seconds == pytest.approx(sum(COST.decode_step_s(1, int(k)) for k in contexts), 1e-12)
+    assert run.flops == pytest.approx(sum(COST.decode_flops(1, int(k)) for k in contexts), 1e-12)
+    assert COST.decode_run(np.array([], dtype=np.int64)) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="kv_tokens_read"):
+        COST.decode_run(np.array([-1]))
+
+
+@pytest.mark.parametrize("app", ["codegen", "hover"])
+def test_one_workflow_alone_reaches_the_floor(app):
+    # nothing is shared with another workflow and every block fits: the bound is the run
+    config = BenchConfig(
+        app=app, workflows=1, concurrency=1, policies=("lru",), gpu_kv_tokens=200_000
+    )
+    run = run_bench(config)
+    latency = run.results[0].mean_latency_s
+    assert run.bounds.floor_latency_s <= latency <= run.bounds.floor_latency_s * (1 + 1e-8)
+
+
+@pytest.mark.parametrize(
+    ("app", "gpu_kv_tokens", "host_kv_tokens"),
+    [("hover", 12_000, 0), ("financebench", None, None), ("groupchat", 12_000, None)],
+)
+def test_no_policy_or_scheduler_beats_the_floor(app, gpu_kv_tokens, host_kv_tokens):
+    specs = ("lru", "lru:workflow", "pbkv", "he:lpm", "lru:fcfs-balanced")
+    config = BenchConfig(
+        app=app,
+        workflows=10,
+        concurrency=5,
+        policies=specs,
+        train_workflows=20,
+        gpu_kv_tokens=gpu_kv_tokens,
+        host_kv_tokens=host_kv_tokens,
+    )
+    outcomes: dict[str, list] = {}
+    run = run_bench(config, on_outcome=lambda spec, o: outcomes.setdefault(spec, []).append(o))
+    floor = run.bounds.floor_latency_s
+    assert floor > 0
+    for r in run.results:
+        assert r.mean_latency_s >= floor, (r.policy, r.scheduler)
+    # the throughput bound rests on this closed-loop identity: with every start at a
+    # finish, the latencies sum to the last `concurrency` finish times
+    for spec, done in outcomes.items():
+        ends = sorted(o.end_s for o in done)
+        assert sum(o.latency_s for o in done) == pytest.approx(sum(ends[-5:]), rel=1e-12), spec
+
+
+def _workflow(i: int, prompts: list[tuple[int, ...]], tenant: str = "") -> Workflow:
+    steps = tuple(
+        Step("a", (Segment("context", p),), output_token_ids=(7,) * 20, gap_s=0.5) for p in prompts
+    )
+    return Workflow(f"w{i}", "toy", f"t{i}", "", steps, tenant=tenant)
+
+
+def test_a_block_is_free_only_when_another_request_could_have_computed_it():
+    shared = tuple(range(1000, 1640))  # 40 blocks of 16
+    alone = latency_floor([_workflow(0, [shared])], COST, block_size=16, concurrency=1)
+    pair = [_workflow(0, [shared]), _workflow(1, [shared])]
+    both = latency_floor(pair, COST, block_size=16, concurrency=2)
+    assert both.isolated_s < alone.isolated_s  # each may find the other's blocks cached
+    tenants = [_workflow(0, [shared], "x"), _workflow(1, [shared], "y")]
+    apart = latency_floor(tenants, COST, block_size=16, concurrency=2)
+    assert apart.isolated_s == pytest.approx(alone.isolated_s)  # tenants never share
+    # a workflow's second call finds its first call's prompt and output cached
+    again = shared + (7,) * 20 + tuple(range(5000, 5100))
+    chain = latency_floor([_workflow(0, [shared, again])], COST, block_size=16, concurrency=1)
+    cached = 660 // 16 * 16  # the full blocks of the first call's prompt + output
+    second = 0.5 + COST.prefill_s(len(again) - cached, cached)
+    second += COST.decode_run(np.arange(len(again) + 1, len(again) + 20)).seconds
+    assert chain.isolated_s == pytest.approx(alone.isolated_s + second, rel=1e-8)
+
+
+def test_open_loop_keeps_only_the_isolated_bound():
+    # sixteen disjoint, compute-bound workflows on two slots: the GPU is the limit
+    flows = [_workflow(i, [tuple(range(i * 10_000, i * 10_000 + 8_000))]) for i in range(16)]
+    closed = latency_floor(flows, COST, block_size=16, concurrency=2)
+    opened = latency_floor(flows, COST, block_size=16, concurrency=2, open_loop=True)
+    assert closed.throughput_s > closed.isolated_s
+    assert closed.mean_latency_s == closed.throughput_s
+    assert opened.throughput_s == 0.0
+    assert opened.mean_latency_s == opened.isolated_s == closed.isolated_s
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="concurrency"):
+        latency_floor([_workflow(0, [(1, 2, 3)])], COST, block_size=16, concurrency=0)
+    with pytest.raises(ValueError, match="block_size"):
+        latency_floor([_workflow(0, [(1, 2, 3)])], COST, block_size=0, concurrency=1)
+    assert latency_floor([], COST, block_size=16, concurrency=1).mean_latency_s == 0.0
+
+
+def test_the_bench_json_keeps_the_uncontested_run_beside_the_floor():
+    config = BenchConfig(app="codegen", workflows=4, concurrency=2, policies=("lru",))
+    b = run_bench(config).bounds
+    assert b.uncontested_latency_s >= b.floor_latency_s > 0
