@@ -218,8 +218,9 @@ def paper_loads(data: Path) -> list[str]:
         load_ += "" if load_ == "open loop" else str(c["concurrency"])
         out.append(
             f"- **{c['app']}, {c['workflows']} workflows, {load_}, {c['hardware']}** "
-            f"(`{path.stem}`): pbkv {pbkv['mean_latency_s']:.2f} s, "
-            f"{'; '.join(speedups)}; total hit {hits}."
+            f"(`{path.stem}`): pbkv {pbkv['mean_latency_s']:.2f} s"
+            + (f" (floor {b['floor_latency_s']:.2f} s), " if b else ", ")
+            + f"{'; '.join(speedups)}; total hit {hits}."
         )
     return out
 
