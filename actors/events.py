@@ -13,6 +13,10 @@ import msgspec
 
 TerminationReason = Literal["end", "aborted", "error", "recursion_limit"]
 
+RAN_TO_END: tuple[TerminationReason, ...] = ("end", "recursion_limit")
+"""Reasons of workflows that ran their course: latency statistics average over these only
+(an ``error`` or ``aborted`` workflow's time says nothing of the policy's)."""
+
 
 class Event(msgspec.Struct, frozen=True, tag=True):
     """Base of the lifecycle events; ``at_s`` is the emitter's clock time."""

@@ -1,8 +1,15 @@
 """A lower bound on a workload's mean workflow latency in the sim engine (DESIGN §7.1).
 
 No policy, scheduler, prefetch or tier size served by :class:`~pbkv.engines.sim.SimEngine`
-on this cost model finishes a workload's workflows sooner on average. The bound is the larger
-of two, each proved from the engine's rules and the roofline of
+on this cost model finishes a workload's workflows sooner on average, when the workload
+is replayed as the bench replays it (:func:`~pbkv.actors.serve.serve_workflows`: each
+script's invocations in order, one at a time) and the engine fails no request. The mean
+is the one the bench reports: over the workflows whose script ends ``end`` or
+``recursion_limit`` (:data:`~pbkv.actors.events.RAN_TO_END`); one whose script ends
+``error`` or ``aborted`` still runs, and holds a slot, but its latency is left out. A
+live app that fans out (:func:`~pbkv.live.driver.serve_app`) runs some invocations at
+once, so its scripted steps do not bound it. The bound is the larger of two, each
+proved from the engine's rules and the roofline of
 :class:`~pbkv.engines.sim.costmodel.CostModel`:
 
 - **Isolated critical path.** A workflow's invocations run back to back, each after its
@@ -13,9 +20,13 @@ of two, each proved from the engine's rules and the roofline of
   (the roofline is a max of sums), so the prefill takes at least
   ``prefill_s(new, cached)`` and the ``d - 1`` decode steps after the first token at
   least ``decode_step_s(1, context)`` each. Nothing waits, loads or is evicted.
-- **Throughput (closed loop only).** With ``c`` slots and every start at a finish, the
-  latencies sum to the last ``c`` finish times: ``Σ L = Σ_{k > N−c} F_(k)``. By the
-  ``k``-th finish, ``k`` workflows' work is done on one GPU replica whose steps run one
+- **Throughput (closed loop only).** ``c`` slots, every start at a finish: while any
+  workflow waits to start, all ``c`` slots are busy, and the ``e`` left-out workflows
+  hold at most ``min(e, c)`` of them, so the ``m`` measured ones hold at least
+  ``c' = c − min(e, c)``. Their latencies are the time-integral of how many of them are
+  in flight, so ``Σ L ≥ ∫ min(c', m − finished(t)) dt = Σ_{k > m−c'} F_(k)``, the last
+  ``c'`` of their finish times (equality when none is left out). By the ``k``-th of
+  those finishes, ``k`` workflows' work is done on one GPU replica whose steps run one
   at a time, so ``F_(k)`` is at least those workflows' FLOPs over the compute rate, and at
   least their KV bytes plus a weight read per decode step over the bandwidth (each
   workflow needs one step per output token). The ``k`` finished workflows are unknown,
@@ -36,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pbkv.actors.events import RAN_TO_END
 from pbkv.actors.workload import Workflow
 from pbkv.kvmanager.keys import block_keys
 
@@ -52,12 +64,13 @@ class LatencyFloor:
     """What no sim run of a workload can beat, in simulated seconds.
 
     Attributes:
-        mean_latency_s: the bound on mean workflow latency, ``max(isolated_s,
+        mean_latency_s: the bound on mean workflow latency over the measured workflows
+            (script ending in :data:`~pbkv.actors.events.RAN_TO_END`), ``max(isolated_s,
             throughput_s)`` (``isolated_s`` alone for an open-loop workload).
-        isolated_s: the mean over workflows of their critical path alone, every
+        isolated_s: the mean over measured workflows of their critical path alone, every
             shareable block cached.
         throughput_s: the closed-loop bound from the GPU's compute rate and bandwidth;
-            0 for an open-loop workload.
+            0 for an open-loop workload, or when left-out workflows may hold every slot.
     """
 
     mean_latency_s: float
@@ -94,7 +107,7 @@ def latency_floor(
             holds then.
 
     Returns:
-        The bound with its two parts; all zeros for an empty workload.
+        The bound with its two parts; all zeros when no workflow is measured.
 
     Raises:
         ValueError: ``concurrency < 1`` or ``block_size < 1``.
@@ -103,29 +116,32 @@ def latency_floor(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if not workload:
-        return LatencyFloor(0.0, 0.0, 0.0)
-    works = [
+    works = [  # every workflow runs, so every one's blocks may be shared
         _least_work(w, cost, block_size, shared) for w, shared in _shareable(workload, block_size)
     ]
-    n = len(works)
-    isolated = sum(w.path_s for w in works)
-    throughput = 0.0
-    if not open_loop:
-        flops = np.cumsum(np.sort([w.flops for w in works]))
-        kv = np.cumsum(np.sort([w.kv_bytes_per_gpu for w in works]))
-        steps = np.sort([w.steps for w in works])  # the k-th finisher ran >= steps[k-1]
-        compute_s = flops / cost.compute_flops_per_s
-        memory_s = (
-            cost.weight_bytes_per_gpu * steps + kv
-        ) / cost.memory_bandwidth_bytes_per_s_per_gpu
-        finish_s = np.maximum(compute_s, memory_s)  # F_(k) >= finish_s[k-1]
-        throughput = float(finish_s[n - min(concurrency, n) :].sum())
+    measured = [k for k, w in zip(works, workload, strict=True) if w.end_reason in RAN_TO_END]
+    if not measured:
+        return LatencyFloor(0.0, 0.0, 0.0)
+    m = len(measured)
+    isolated = sum(w.path_s for w in measured)
+    slots = concurrency - min(len(works) - m, concurrency)  # c' of the module docstring
+    throughput = 0.0 if open_loop or slots < 1 else _throughput_s(measured, cost, slots)
     return LatencyFloor(
-        ROUNDING_GUARD * max(isolated, throughput) / n,
-        ROUNDING_GUARD * isolated / n,
-        ROUNDING_GUARD * throughput / n,
+        ROUNDING_GUARD * max(isolated, throughput) / m,
+        ROUNDING_GUARD * isolated / m,
+        ROUNDING_GUARD * throughput / m,
     )
+
+
+def _throughput_s(works: Sequence[_Work], cost: CostModel, slots: int) -> float:
+    """Return the sum of the last ``slots`` finish-time bounds of ``works`` (closed loop)."""
+    flops = np.cumsum(np.sort([w.flops for w in works]))
+    kv = np.cumsum(np.sort([w.kv_bytes_per_gpu for w in works]))
+    steps = np.sort([w.steps for w in works])  # the k-th finisher ran >= steps[k-1]
+    compute_s = flops / cost.compute_flops_per_s
+    memory_s = (cost.weight_bytes_per_gpu * steps + kv) / cost.memory_bandwidth_bytes_per_s_per_gpu
+    finish_s = np.maximum(compute_s, memory_s)  # F_(k) >= finish_s[k-1]
+    return float(finish_s[len(works) - min(slots, len(works)) :].sum())
 
 
 def _shareable(workload: Sequence[Workflow], block_size: int) -> list[tuple[Workflow, list[int]]]:

@@ -17,6 +17,7 @@ import numpy as np
 import trio
 import trio.testing
 
+from pbkv.actors.events import RAN_TO_END
 from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Workflow
@@ -386,7 +387,7 @@ def summarise_outcomes(
 
     Times are in whatever clock the run used (simulated or wall seconds).
     """
-    ran = [o.latency_s for o in outcomes if o.reason in ("end", "recursion_limit")]
+    ran = [o.latency_s for o in outcomes if o.reason in RAN_TO_END]
     latencies = np.array(ran or [np.nan])
     reasons = Counter(o.reason for o in outcomes)
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])

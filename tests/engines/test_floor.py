@@ -1,10 +1,12 @@
 """The latency floor: no sim run beats it, and it is exact where nothing is contested."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.bench.compare import BenchConfig, run_bench
+from pbkv.bench.compare import BenchConfig, run_bench, run_policy
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.floor import latency_floor
 from pbkv.engines.sim.profile import load_hardware, load_model
@@ -84,6 +86,36 @@ def test_a_block_is_free_only_when_another_request_could_have_computed_it():
     second = 0.5 + COST.prefill_s(len(again) - cached, cached)
     second += COST.decode_run(np.arange(len(again) + 1, len(again) + 20)).seconds
     assert chain.isolated_s == pytest.approx(alone.isolated_s + second, rel=1e-8)
+
+
+def test_a_workflow_left_out_of_the_mean_is_left_out_of_the_floor():
+    # a script ending "error" (or "aborted") still runs and holds a slot, but the bench's
+    # mean leaves its latency out: here it parks one of three slots in a 1,000 s gap, so
+    # the eight measured, compute-bound workflows share two slots
+    parked = _one_call(0, 100, 1, gap_s=1000.0, end_reason="error")
+    flows = [_one_call(i, 8_000, 20) for i in range(1, 9)]
+    config = BenchConfig(app="toy", workflows=9, concurrency=3, policies=("lru",))
+    floor = latency_floor([parked, *flows], COST, block_size=16, concurrency=3)
+    for spec in ("lru", "lru:fcfs-balanced", "pbkv:workflow"):
+        row = run_policy([parked, *flows], config, spec, (), gpu_kv_tokens=100_000)
+        assert row.end_reasons["error"] == 1
+        assert floor.mean_latency_s <= row.mean_latency_s < 1.25 * floor.mean_latency_s, spec
+    assert floor.throughput_s > floor.isolated_s  # the two-slot throughput bound binds
+    # counting the parked workflow's 1,000 s, or giving the others all three slots,
+    # would put the floor above the run
+    all_slots = latency_floor(flows, COST, block_size=16, concurrency=3)
+    assert all_slots.mean_latency_s > row.mean_latency_s
+    # with the parked one measured too, it is a workflow like the others again
+    counted = dataclasses.replace(parked, end_reason="end")
+    assert latency_floor([counted, *flows], COST, block_size=16, concurrency=3).isolated_s > 100
+
+
+def _one_call(
+    i: int, prompt_tokens: int, output_tokens: int, *, gap_s: float = 0.0, end_reason: str = "end"
+) -> Workflow:
+    prompt = tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + prompt_tokens))
+    step = Step("a", (Segment("context", prompt),), (7,) * output_tokens, gap_s)
+    return Workflow(f"w{i}", "toy", f"t{i}", "", (step,), end_reason=end_reason)
 
 
 def test_open_loop_keeps_only_the_isolated_bound():
