@@ -150,8 +150,9 @@ class Bounds:
         ceiling_hit_rate: infinite-cache hit rate over any order of the workload's
             requests (:func:`~pbkv.kvmanager.ceiling_hits`); no policy's total hit rate,
             under any scheduler, exceeds it.
-        floor_latency_s: a lower bound on mean workflow latency that no policy,
-            scheduler or tier size on the sim engine beats
+        floor_latency_s: a lower bound on mean workflow latency (over the workflows
+            the rows average over) that no policy, scheduler or tier size on the sim
+            engine beats
             (:func:`~pbkv.engines.sim.floor.latency_floor`): the larger of each
             workflow's critical path alone with every shareable block cached, and the
             closed-loop bound from the GPU's compute rate and bandwidth.
