@@ -5,7 +5,7 @@ on this cost model finishes a workload's workflows sooner on average, when the w
 is replayed as the bench replays it (:func:`~pbkv.actors.serve.serve_workflows`: each
 script's invocations in order, one at a time) and the engine fails no request. The mean
 is the one the bench reports: over the workflows whose script ends ``end`` or
-``recursion_limit`` (:data:`~pbkv.actors.events.RAN_TO_END`); one whose script ends
+``recursion_limit`` (:data:`MEASURED_REASONS`); one whose script ends
 ``error`` or ``aborted`` still runs, and holds a slot, but its latency is left out. A
 live app that fans out (:func:`~pbkv.live.driver.serve_app`) runs some invocations at
 once, so its scripted steps do not bound it. The bound is the larger of two, each
@@ -42,18 +42,48 @@ run (the time-integral of the number in flight).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from pbkv.actors.events import RAN_TO_END
-from pbkv.actors.workload import Workflow
 from pbkv.kvmanager.keys import block_keys
 
 from .costmodel import CostModel
 
-__all__ = ["LatencyFloor", "latency_floor"]
+__all__ = ["MEASURED_REASONS", "LatencyFloor", "ScriptedStep", "ScriptedWorkflow", "latency_floor"]
+
+MEASURED_REASONS = ("end", "recursion_limit")
+"""End reasons of the workflows a mean latency averages over by default (the bench's,
+:data:`pbkv.actors.events.RAN_TO_END`, which the engines layer may not import)."""
+
+
+class ScriptedStep(Protocol):
+    """One invocation of a script, as :class:`pbkv.actors.workload.Step` gives it."""
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def output_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def gap_s(self) -> float: ...
+
+
+class ScriptedWorkflow(Protocol):
+    """A replayed script, as :class:`pbkv.actors.workload.Workflow` gives it."""
+
+    @property
+    def steps(self) -> Sequence[ScriptedStep]: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def end_reason(self) -> str: ...
+
 
 ROUNDING_GUARD = 1.0 - 1e-9
 """The bound is scaled by this, below the float rounding of the engine's clock sums."""
@@ -65,7 +95,7 @@ class LatencyFloor:
 
     Attributes:
         mean_latency_s: the bound on mean workflow latency over the measured workflows
-            (script ending in :data:`~pbkv.actors.events.RAN_TO_END`), ``max(isolated_s,
+            (script ending in ``measured_reasons``), ``max(isolated_s,
             throughput_s)`` (``isolated_s`` alone for an open-loop workload).
         isolated_s: the mean over measured workflows of their critical path alone, every
             shareable block cached.
@@ -89,12 +119,13 @@ class _Work:
 
 
 def latency_floor(
-    workload: Sequence[Workflow],
+    workload: Sequence[ScriptedWorkflow],
     cost: CostModel,
     *,
     block_size: int,
     concurrency: int,
     open_loop: bool = False,
+    measured_reasons: Collection[str] = MEASURED_REASONS,
 ) -> LatencyFloor:
     """Return the lower bound on ``workload``'s mean workflow latency (module docstring).
 
@@ -105,6 +136,8 @@ def latency_floor(
         concurrency: workflows in flight at once (closed loop), ``>= 1``.
         open_loop: workflows start at their arrival times; only the isolated bound
             holds then.
+        measured_reasons: the script end reasons whose workflows the mean averages
+            over; the others still run, hold slots and share blocks.
 
     Returns:
         The bound with its two parts; all zeros when no workflow is measured.
@@ -119,7 +152,7 @@ def latency_floor(
     works = [  # every workflow runs, so every one's blocks may be shared
         _least_work(w, cost, block_size, shared) for w, shared in _shareable(workload, block_size)
     ]
-    measured = [k for k, w in zip(works, workload, strict=True) if w.end_reason in RAN_TO_END]
+    measured = [k for k, w in zip(works, workload, strict=True) if w.end_reason in measured_reasons]
     if not measured:
         return LatencyFloor(0.0, 0.0, 0.0)
     m = len(measured)
@@ -144,7 +177,9 @@ def _throughput_s(works: Sequence[_Work], cost: CostModel, slots: int) -> float:
     return float(finish_s[len(works) - min(slots, len(works)) :].sum())
 
 
-def _shareable(workload: Sequence[Workflow], block_size: int) -> list[tuple[Workflow, list[int]]]:
+def _shareable(
+    workload: Sequence[ScriptedWorkflow], block_size: int
+) -> list[tuple[ScriptedWorkflow, list[int]]]:
     """Pair each workflow with, per invocation, how many leading prompt blocks some other
     request could have computed before it (another workflow's, or an earlier step's)."""
     first_step: list[dict[int, int]] = []  # per workflow: block key -> first step holding it
@@ -178,7 +213,7 @@ def _shareable(workload: Sequence[Workflow], block_size: int) -> list[tuple[Work
     return out
 
 
-def _least_work(w: Workflow, cost: CostModel, block_size: int, shared: list[int]) -> _Work:
+def _least_work(w: ScriptedWorkflow, cost: CostModel, block_size: int, shared: list[int]) -> _Work:
     path_s = flops = kv_tokens = 0.0
     steps = 0
     for step, blocks in zip(w.steps, shared, strict=True):

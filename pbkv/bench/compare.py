@@ -563,6 +563,7 @@ def _bounds(
         block_size=bs,
         concurrency=config.concurrency,
         open_loop=config.open_loop,
+        measured_reasons=RAN_TO_END,  # the workflows summarise_outcomes averages over
     )
     return Bounds(
         ceiling_hit_rate=max(r.ceiling_hit_rate for r in results),

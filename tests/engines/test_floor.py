@@ -5,10 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
+from pbkv.actors.events import RAN_TO_END
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.bench.compare import BenchConfig, run_bench, run_policy
 from pbkv.engines.sim.costmodel import CostModel
-from pbkv.engines.sim.floor import latency_floor
+from pbkv.engines.sim.floor import MEASURED_REASONS, latency_floor
 from pbkv.engines.sim.profile import load_hardware, load_model
 
 COST = CostModel(load_hardware("a6000-tp2"), load_model("qwen3-32b"))
@@ -105,6 +106,7 @@ def test_a_workflow_left_out_of_the_mean_is_left_out_of_the_floor():
     # would put the floor above the run
     all_slots = latency_floor(flows, COST, block_size=16, concurrency=3)
     assert all_slots.mean_latency_s > row.mean_latency_s
+    assert set(MEASURED_REASONS) == set(RAN_TO_END)  # the floor's default is the bench's mean
     # with the parked one measured too, it is a workflow like the others again
     counted = dataclasses.replace(parked, end_reason="end")
     assert latency_floor([counted, *flows], COST, block_size=16, concurrency=3).isolated_s > 100
