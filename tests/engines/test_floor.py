@@ -143,3 +143,50 @@ def test_the_bench_json_keeps_the_uncontested_run_beside_the_floor():
     config = BenchConfig(app="codegen", workflows=4, concurrency=2, policies=("lru",))
     b = run_bench(config).bounds
     assert b.uncontested_latency_s >= b.floor_latency_s > 0
+
+
+def _random_workload(seed: int) -> tuple[list[Workflow], int, int]:
+    """Small scripts built to probe the bound: a shared preamble (or identical scripts),
+    one-token and block-edge prompts, long gaps, a second tenant, and every end reason."""
+    rng = np.random.default_rng(seed)
+    preamble = tuple(int(t) for t in rng.integers(0, 50_000, rng.choice([1, 16, 17, 600])))
+    identical = rng.random() < 0.3
+    flows = []
+    for i in range(int(rng.integers(3, 9))):
+        local = np.random.default_rng([seed, 0 if identical else i + 1])
+        context: tuple[int, ...] = ()
+        steps = []
+        for j in range(int(local.integers(1, 4))):
+            body = tuple(
+                int(t) for t in local.integers(0, 50_000, local.choice([1, 16, 300, 2500]))
+            )
+            output = (7,) * int(local.choice([1, 2, 16, 60]))
+            gap_s = float(local.choice([0.0, 0.0, 0.5, 200.0]))
+            steps.append(
+                Step("ab"[j % 2], (Segment("context", preamble + context + body),), output, gap_s)
+            )
+            context += body + output
+        flows.append(
+            Workflow(
+                f"w{i}",
+                "toy",
+                f"t{i}",
+                "",
+                tuple(steps),
+                end_reason=str(rng.choice(["end"] * 5 + ["recursion_limit", "error", "aborted"])),
+                tenant="" if identical else str(rng.choice(["", "", "x"])),
+            )
+        )
+    largest = max(s.prompt_tokens + s.output_tokens for w in flows for s in w.steps)
+    return flows, int(rng.integers(1, 6)), int(largest * rng.choice([1.1, 3.0, 30.0])) + 64
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_run_of_a_probing_workload_beats_the_floor(seed):
+    flows, concurrency, gpu_kv_tokens = _random_workload(seed)
+    config = BenchConfig(app="toy", workflows=len(flows), concurrency=concurrency)
+    floor = latency_floor(flows, COST, block_size=16, concurrency=concurrency)
+    for spec in ("lru", "pbkv:workflow-retract", "he:lpm"):
+        row = run_policy(flows, config, spec, (), gpu_kv_tokens=gpu_kv_tokens)
+        if row.end_reasons["end"] + row.end_reasons["recursion_limit"]:
+            assert row.mean_latency_s >= floor.mean_latency_s, spec
