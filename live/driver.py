@@ -40,6 +40,10 @@ from pbkv.runtime import now_s
 
 log = logging.getLogger(__name__)
 
+EMPTY_OUTPUT_TOKEN = 0
+"""The token a replayed step with an empty recorded output generates (an engine always
+generates at least one)."""
+
 
 class Caller(Protocol):
     """What the executor calls agents through: a live session or a dry run."""
@@ -407,12 +411,23 @@ def _run_at_once(coroutine: Any) -> TerminationReason | None:
         coroutine.send(None)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
-    except RuntimeError as exc:  # trio outside a run ("must be called from async context")
-        if "async context" not in str(exc):
+    except (RuntimeError, AttributeError):
+        # trio used outside a run: "must be called from async context" (RuntimeError), or
+        # on trio 0.22 an AttributeError from its run context. Start over in a run; an
+        # error of the app's own raises there again.
+        if _in_trio_run():
             raise
         return None
     coroutine.close()
     return None
+
+
+def _in_trio_run() -> bool:
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def simulate_workload(
@@ -482,7 +497,8 @@ async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutco
 
 
 async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | None:
-    simulated = Simulated(token_ids=step.output_token_ids)
+    # an engine generates at least one token: an empty recorded output replays as one
+    simulated = Simulated(token_ids=step.output_token_ids or (EMPTY_OUTPUT_TOKEN,))
     repeat: int | None = None
     for _ in range(retries + 1):
         try:

@@ -259,3 +259,10 @@ async def test_a_call_that_can_never_fit_ends_its_workflow_without_a_retry(
     assert outcome.reason == "error" and "tier holds" in outcome.error
     events = read_events(tmp_path / "events.jsonl", LifecycleEvent)
     assert sum(isinstance(e, AgentInvoked) for e in events) == 1  # not retried
+
+
+def test_a_fan_out_app_generates_its_scripts_in_a_trio_run():
+    # the dry run needs trio for the fan-out: generate starts over inside trio.run
+    workflows = fan_out_app().generate(2, 0)
+    assert [w.end_reason for w in workflows] == ["end", "end"]
+    assert [s.agent for s in workflows[0].steps] == ["planner", "reader"]
