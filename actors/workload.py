@@ -39,7 +39,8 @@ class Step:
     Args:
         agent: the invoked agent's name (a node of the app's call graph).
         segments: the prompt, in order; ``prompt_token_ids`` is their concatenation.
-        output_token_ids: the tokens the agent generates (their count is the decode length).
+        output_token_ids: the tokens the agent generates (their count is the decode length;
+            an empty output replays as one token, since an engine generates at least one).
         gap_s: tool/think time before this invocation is issued, in seconds.
         context_tail: the text of the latest message(s) of the context, or ``""`` when
             the app records none (a per-step text signal for predictors).

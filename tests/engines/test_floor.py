@@ -190,3 +190,14 @@ def test_no_run_of_a_probing_workload_beats_the_floor(seed):
         row = run_policy(flows, config, spec, (), gpu_kv_tokens=gpu_kv_tokens)
         if row.end_reasons["end"] + row.end_reasons["recursion_limit"]:
             assert row.mean_latency_s >= floor.mean_latency_s, spec
+
+
+def test_a_step_with_no_recorded_output_replays_as_one_token_and_keeps_its_floor():
+    flows = [_workflow(0, [tuple(range(100, 200))]), _workflow(1, [tuple(range(300, 400))])]
+    empty = Step("a", (Segment("context", tuple(range(500, 600))),), output_token_ids=())
+    flows.append(Workflow("w2", "toy", "t2", "", (empty,)))
+    config = BenchConfig(app="toy", workflows=3, concurrency=2, policies=("lru",))
+    row = run_policy(flows, config, "lru", (), gpu_kv_tokens=100_000)
+    assert row.end_reasons["end"] == 3
+    floor = latency_floor(flows, COST, block_size=16, concurrency=2)
+    assert row.mean_latency_s >= floor.mean_latency_s
