@@ -256,6 +256,8 @@ def run_policy(
     uses_forecasts = get_policy(policy).uses_forecasts
     baseline = baseline_inputs(workload, config, policy, step_graph_edges)
     timeline: list[tuple[float, float]] = []
+    kv_stats: KVStatistics | None = None
+    retractions = 0
 
     async def main() -> list[WorkflowOutcome]:
         kv = KVManager(kv_config, trio.current_time, baseline, access_log=access_log)
@@ -275,8 +277,6 @@ def run_policy(
         retractions = engine.statistics().retractions
         return outcomes
 
-    kv_stats: KVStatistics | None = None
-    retractions = 0
     seed_scheduler(config.seed)
     started, started_cpu = time.perf_counter(), time.process_time()
     outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -530,8 +530,8 @@ def run_bench(
         )
     found = None
     if bounds:
-        callback = None if on_outcome is None else (lambda o: on_outcome("uncontested", o))
-        found = _bounds(workload, config, results, callback)
+        reference = None if on_outcome is None else (lambda o: on_outcome("uncontested", o))
+        found = _bounds(workload, config, results, reference)
     return BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found)
 
 
