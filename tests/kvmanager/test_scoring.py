@@ -553,14 +553,18 @@ class StraightforwardBoard(ScoreBoard):
         if workflow_id in self._ended:
             return 0
         self.start(workflow_id)
-        old = self._weights[workflow_id]
-        self._weights[workflow_id], self._next[workflow_id] = new, first
+        flow = self._flows[workflow_id]
+        old = dict(zip(flow.agents, flow.weights, strict=False))  # the 0 slot left out
         for agents_used, group in self._groups[workflow_id].items():
             delta = sum(new.get(a, 0.0) - old.get(a, 0.0) for a in agents_used)
             if delta:
                 for node in group:
                     node.score += delta
                     self._reprioritize(node)
+        flow.agents = tuple(agents)
+        flow.position = {a: i for i, a in enumerate(agents)}
+        flow.weights = [new[a] for a in agents] + [0.0]
+        flow.first = [first[a] for a in agents]
         return len(self._nodes[workflow_id])
 
 
