@@ -469,6 +469,9 @@ class _Flow:
         return {} if self.first is None else dict(zip(self.agents, self.first))  # noqa: B905
 
 
+Move = tuple[float, set[Node]]
+"""A forecast's score change for one agent-set group, and the group."""
+
 _NO_FLOW = _Flow()
 """The state of a workflow the board does not hold (read only)."""
 
@@ -490,8 +493,10 @@ class ScoreBoard:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
         ended_memory: terminated workflow ids remembered, >= 1.
-        reprioritize_groups: called with an iterable of groups of such nodes at once (a
-            forecast's groups); default: ``reprioritize`` on each node.
+        shift_groups: called once per forecast with its ``(delta, group)`` moves: add
+            ``delta`` to the score of each node of ``group`` and re-key it, in one pass
+            (:meth:`RadixTree.shift_scores`); default: the addition here, then
+            ``reprioritize`` on each node.
         beyond_horizon: read each workflow's recent call shares: the score's tail past
             the horizon, weighted by :attr:`miss_rate`, and the history-sharpened rows
             within it, weighted by :meth:`history_weight` (see :func:`agent_weights`);
@@ -504,7 +509,7 @@ class ScoreBoard:
         gamma: float,
         *,
         ended_memory: int = ENDED_MEMORY,
-        reprioritize_groups: Callable[[Iterable[Iterable[Node]]], None] | None = None,
+        shift_groups: Callable[[list[Move]], None] | None = None,
         beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
@@ -525,7 +530,7 @@ class ScoreBoard:
         self._history_evidence: dict[str, float] = {}  # active workflows only
         self._call_shares: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
-        self._reprioritize_groups = reprioritize_groups or self._each
+        self._shift_groups = shift_groups or self._shift_each
         self._flows: dict[str, _Flow] = {}  # active workflows only
         self._nodes: dict[str, set[Node]] = {}
         # workflow -> its agents that touched a node -> those nodes (partitions _nodes)
@@ -544,9 +549,11 @@ class ScoreBoard:
         once)."""
         return self._gamma
 
-    def _each(self, groups: Iterable[Iterable[Node]]) -> None:
-        for node in itertools.chain.from_iterable(groups):
-            self._reprioritize(node)
+    def _shift_each(self, moves: list[Move]) -> None:
+        for delta, group in moves:
+            for node in group:
+                node.score += delta
+                self._reprioritize(node)
 
     def ordinal(self, workflow_id: str) -> int:
         """Return ``workflow_id``'s start ordinal (0 for the first workflow seen): its age.
@@ -717,25 +724,25 @@ class ScoreBoard:
             self.start(workflow_id)
             flow = self._flows[workflow_id]
         if same:
-            moved = self._shift(flow, new, self._groups[workflow_id])
+            moves = self._moves(flow, new, self._groups[workflow_id])
         else:
-            moved = self._shift_renamed(flow, agents, new, self._groups[workflow_id])
+            moves = self._moves_renamed(flow, agents, new, self._groups[workflow_id])
             flow.agents, flow.position, flow.plan = agents, position, None
         flow.weights = new
         flow.first = rows[0]
-        if moved:
-            self._reprioritize_groups(moved)
+        if moves:
+            self._shift_groups(moves)
         refreshed = len(self._nodes[workflow_id])
         self.refreshed_nodes += refreshed
         return refreshed
 
     @staticmethod
-    def _shift(
+    def _moves(
         flow: _Flow, new: list[float], groups: dict[frozenset[str], set[Node]]
-    ) -> list[set[Node]]:
-        """Add each group's change ``sum_{a in A_w(c)} (u_new[a] - u_old[a])`` to its
-        nodes' scores, ``new`` and ``flow.weights`` in the same ``agents``' order; return
-        the groups that moved.
+    ) -> list[Move]:
+        """Return each group's change ``sum_{a in A_w(c)} (u_new[a] - u_old[a])`` with
+        the group, where it is not 0; ``new`` and ``flow.weights`` in the same
+        ``agents``' order.
 
         ``u_new[a] - u_old[a]`` is taken once per agent, not once per node and agent; a
         group's change sums them in its set's order (then the 0 slot's ``0.0 - 0.0``:
@@ -746,23 +753,21 @@ class ScoreBoard:
         plan = flow.plan
         if plan is None:
             plan = flow.plan = _plan(flow, groups)
-        moved = []
+        moves = []
         for slots, group in plan:
             delta = sum(slots(change))
             if delta:
-                for node in group:
-                    node.score += delta
-                moved.append(group)
-        return moved
+                moves.append((delta, group))
+        return moves
 
     @staticmethod
-    def _shift_renamed(
+    def _moves_renamed(
         flow: _Flow,
         agents: tuple[str, ...],
         new: list[float],
         groups: dict[frozenset[str], set[Node]],
-    ) -> list[set[Node]]:
-        """:meth:`_shift` for a forecast whose ``agents`` differ from the last one's (or
+    ) -> list[Move]:
+        """:meth:`_moves` for a forecast whose ``agents`` differ from the last one's (or
         the first), by agent name: an agent only the new forecast names changes by
         ``u_new``, one only the old names by ``0 - u_old``, one neither names by 0."""
         after = dict(zip(agents, new))  # noqa: B905 (the 0 slot left out)
@@ -770,14 +775,12 @@ class ScoreBoard:
         for agent, before in zip(flow.agents, flow.weights):  # noqa: B905
             change[agent] = after.get(agent, 0.0) - before
         changed = change.__getitem__
-        moved = []
+        moves = []
         for agents_used, group in groups.items():
             delta = sum(map(changed, agents_used))
             if delta:
-                for node in group:
-                    node.score += delta
-                moved.append(group)
-        return moved
+                moves.append((delta, group))
+        return moves
 
     def terminate(self, workflow_id: str) -> None:
         """Drop a finished workflow; nodes no active workflow touched become retired.
