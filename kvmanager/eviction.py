@@ -91,16 +91,17 @@ class EvictionIndex:
         Mutates: drops the stale entries and non-candidates it passes, as
         :meth:`pop_min` does.
         """
-        while self._heap:
-            entry = self._heap[0]
+        heap, versions = self._heap, self._version
+        while heap:
+            entry = heap[0]
             node = entry[-1]
-            if self._version.get(node.serial) != entry[-2]:
-                heapq.heappop(self._heap)
+            if versions.get(node.serial) != entry[-2]:
+                heapq.heappop(heap)
                 continue
             if self._is_candidate(node):
                 return node
-            heapq.heappop(self._heap)
-            del self._version[node.serial]
+            heapq.heappop(heap)
+            del versions[node.serial]
         return None
 
     def _compact(self) -> None:

@@ -19,7 +19,7 @@ import math
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import itemgetter, mul
+from operator import itemgetter, mul, sub
 
 import numpy as np
 
@@ -718,9 +718,9 @@ class ScoreBoard:
                     new, rows, agents, position, self._gamma, self._powers, shares,
                     self.miss_rate, mix,
                 )  # fmt: skip
-        if workflow_id in self._ended:
-            return 0  # a late forecast does not revive a terminated workflow
-        if flow is None:
+        if flow is None:  # a workflow with a flow is active: terminate() drops it
+            if workflow_id in self._ended:
+                return 0  # a late forecast does not revive a terminated workflow
             self.start(workflow_id)
             flow = self._flows[workflow_id]
         if same:
@@ -749,7 +749,7 @@ class ScoreBoard:
         ``x + 0.0 == x`` but for the sign of a zero, and a zero change moves nothing), as
         the per-node sum always did.
         """
-        change = [after - before for after, before in zip(new, flow.weights)]  # noqa: B905
+        change = list(map(sub, new, flow.weights))  # after - before, per slot
         plan = flow.plan
         if plan is None:
             plan = flow.plan = _plan(flow, groups)
