@@ -837,7 +837,7 @@ class ScoreBoard:
         flow = self._flows.get(workflow_id)
         if flow is None or flow.plan is None:
             return
-        slots = list(range(len(flow.agents) + 1))
+        slots = [float(i) for i in range(len(flow.agents) + 1)]  # each slot reads its index
         planned = [(getter(slots), id(group)) for getter, group in flow.plan]
         expected = [(getter(slots), id(group)) for getter, group in _plan(flow, groups)]
         if planned != expected:
