@@ -227,7 +227,7 @@ class KVManager:
         self.scores = ScoreBoard(
             self.tree.reprioritize,
             config.gamma,
-            reprioritize_groups=self.tree.reprioritize_groups,
+            shift_groups=self.tree.shift_scores,
             beyond_horizon=config.beyond_horizon,
         )
         self.waiting = WaitingPrefixes(self.tree, count_nodes=self.policy.queue_aware)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from math import remainder
 from typing import Literal
 
 from pbkv.kvmanager.eviction import Priority
@@ -21,6 +22,7 @@ Tracker = Literal["none", "kvflow", "belady"]
 _SCORE_DIGITS = 12
 _SCALE = 1e12  # 10**_SCORE_DIGITS, exact in binary64
 _SCALED_BOUND = 2.0**46  # below it, half an ulp of x * _SCALE is at most 2**-8
+_NEG_SCALED_BOUND = -_SCALED_BOUND
 
 
 def rounded_score(x: float) -> float:
@@ -33,12 +35,16 @@ def rounded_score(x: float) -> float:
     ``n``, so ``N = n``, and ``n / 1e12`` (``n`` exact as a double, one correctly
     rounded division) is that nearest double. Anything else (near a tie, zero, whose
     sign ``round`` keeps, very large, not finite) goes to ``round`` itself.
+
+    ``n`` comes from ``r = math.remainder(y, 1.0)``, IEEE 754's remainder: exactly
+    ``y - n`` for the integer ``n`` nearest ``y`` (ties to even, as ``round(y)``), so
+    ``y - r`` is ``n`` exactly and ``n != 0`` reads ``r != y``; no integer is made.
     """
     y = x * _SCALE
-    if -_SCALED_BOUND < y < _SCALED_BOUND:
-        n = round(y)
-        if n and -0.49 < y - n < 0.49:
-            return n / _SCALE
+    if _NEG_SCALED_BOUND < y < _SCALED_BOUND:
+        r = remainder(y, 1.0)
+        if -0.49 < r < 0.49 and r != y:
+            return (y - r) / _SCALE
     return round(x, _SCORE_DIGITS)
 
 
@@ -66,6 +72,12 @@ def workflow_priority(node: Node) -> Priority:
     in) keeps the oldest workflows' contexts resident instead of cycling every context
     out just before its reuse, as LRU does when the running set's contexts do not fit.
     """
+    # rounded_score(node.score + node.queued), its common case inline (a call per re-key)
+    y = (node.score + node.queued) * _SCALE
+    if _NEG_SCALED_BOUND < y < _SCALED_BOUND:
+        r = remainder(y, 1.0)
+        if -0.49 < r < 0.49 and r != y:
+            return (not node.retired, (y - r) / _SCALE, -node.oldest, node.last_access_s)
     value = rounded_score(node.score + node.queued)
     return (not node.retired, value, -node.oldest, node.last_access_s)
 

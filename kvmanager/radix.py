@@ -766,18 +766,23 @@ class RadixTree:
         if node.host_blocks is not None and not node.host_children:
             self._index["host"].update(node)
 
-    def reprioritize_groups(self, groups: Iterable[Iterable[Node]]) -> None:
-        """:meth:`reprioritize` each node of each of ``groups`` (a score refresh's groups,
-        in one call)."""
+    def shift_scores(self, moves: Iterable[tuple[float, Iterable[Node]]]) -> None:
+        """Add each move's ``delta`` to the score of each node of its group and
+        :meth:`reprioritize` the node, in one pass: a score refresh's moves
+        (:meth:`ScoreBoard.set_forecast`, which computes them) in one call.
+
+        Mutates: ``node.score`` of the moves' nodes, the eviction order.
+        """
         self.version += 1
         gpu, host = self._index["gpu"].update, self._index["host"].update
-        for group in groups:
+        for delta, group in moves:
             for node in group:
-                if node.lock_count:
-                    continue
-                if node.gpu_blocks is not None and not node.gpu_children:
+                node.score += delta
+                # the tests that fail first for most nodes come first: an inner node of a
+                # context chain has a resident child on the GPU, and no host copy
+                if not node.gpu_children and node.gpu_blocks is not None and not node.lock_count:
                     gpu(node)
-                if node.host_blocks is not None and not node.host_children:
+                if node.host_blocks is not None and not node.host_children and not node.lock_count:
                     host(node)
 
     def _gpu_candidate(self, node: Node) -> bool:

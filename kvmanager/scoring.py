@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import mul
+from operator import itemgetter, mul, sub
 
 import numpy as np
 
@@ -55,6 +56,8 @@ _POWERS = 8
 """``gamma**k`` a :class:`ScoreBoard` takes once, for ``k < _POWERS`` (horizons to 7 and
 the tail past them)."""
 _FLOAT64 = np.dtype(np.float64)
+_SIGN_BYTES = slice(7, None, 8) if sys.byteorder == "little" else slice(0, None, 8)
+"""The byte of each float64 of an array's bytes that holds its sign bit."""
 PRIOR_EVIDENCE = math.log(HISTORY_WEIGHT_PRIOR / (1.0 - HISTORY_WEIGHT_PRIOR))
 """The prior's log-odds; forgotten evidence decays back to it."""
 
@@ -158,31 +161,132 @@ def _agent_weights(
     history_weight: float,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """:func:`agent_weights`, with ``powers[k] == gamma**k`` for the ``k`` it holds
-    (``gamma**k`` itself past them: the same float either way).
+    (``gamma**k`` itself past them: the same float either way): :func:`_fold` as dicts."""
+    agents = tuple(agents)
+    rows = _valid_rows(forecast, len(agents))
+    weights = _fold(
+        rows, forecast, agents, _positions(agents), gamma, powers, call_shares, tail_weight,
+        history_weight,
+    )  # fmt: skip
+    return dict(zip(agents, weights)), dict(zip(agents, rows[0]))  # noqa: B905 (END left out)
 
-    The default horizon (``K = 3``, with ``powers``) folds in one comprehension: the
-    step weights are ``1.0``, ``gamma (1 - e1)`` and ``gamma^2 ((1 - e1)(1 - e2))``,
-    the products :func:`_fold_rows` takes, and ``1.0 * p == p``. ``zip`` is called without
-    ``strict`` on this path (a keyword costs a third of the comprehension); the shape
-    check has matched the columns to ``agents``, END last, so ``zip`` leaves END out.
+
+def _positions(agents: tuple[str, ...]) -> dict[str, int]:
+    """Return each agent's column.
+
+    Raises:
+        ValueError: ``agents`` names an agent twice (its columns would be one weight).
     """
-    rows = _plainly_valid(forecast, len(agents))
+    position = {agent: i for i, agent in enumerate(agents)}
+    if len(position) != len(agents):
+        raise ValueError(f"agents name an agent twice: {list(agents)}")
+    return position
+
+
+def _valid_rows(forecast: np.ndarray, n_agents: int) -> list[list[float]]:
+    """Return a forecast's rows (END last) if it is well formed (:func:`validate_forecast`)."""
+    rows = _plainly_valid(forecast, n_agents)
     if rows is None:  # not clearly valid: accepted or refused exactly as before
-        rows = validate_forecast(forecast, len(agents)).tolist()
+        rows = validate_forecast(forecast, n_agents).tolist()
+    return rows
+
+
+def _fold(
+    rows: list[list[float]],
+    forecast: np.ndarray,
+    agents: tuple[str, ...],
+    position: Mapping[str, int],
+    gamma: float,
+    powers: Sequence[float],
+    call_shares: Mapping[str, float] | None,
+    tail_weight: float,
+    history_weight: float,
+) -> list[float]:
+    """Return :func:`agent_weights`' ``u`` as a list in ``agents``' order, then ``0.0``
+    (the weight of an agent the forecast does not name: ``u[position.get(a, -1)]``).
+
+    ``rows``: the validated forecast's (:func:`_valid_rows`); ``position``: each
+    agent's column (:func:`_positions`). The default horizon (``K = 3``, with
+    ``powers``) folds as :func:`_fold_default` does.
+    """
+    n = len(agents)
     if len(rows) == 3 and len(powers) >= 3:
-        r1, r2, r3 = rows
-        alive = 1.0 - r1[-1]
-        w2 = powers[1] * alive
-        w3 = powers[2] * (alive * (1.0 - r2[-1]))
-        weights = {a: p1 + w2 * p2 + w3 * p3 for a, p1, p2, p3 in zip(agents, r1, r2, r3)}  # noqa: B905
+        weights = _fold_default_rows(rows, n, powers)
     else:
-        u = _fold_rows(rows, np.asarray(forecast, dtype=np.float64), gamma, powers)
-        weights = dict(zip(agents, u))  # noqa: B905 (the END column is left out)
+        weights = _fold_rows(rows, np.asarray(forecast, dtype=np.float64), gamma, powers)
+        del weights[n:]  # the END column, where the fold took it
+        weights.append(0.0)
     if call_shares:
-        if history_weight > 0.0:
-            _blend_history(weights, rows, agents, gamma, call_shares, history_weight)
-        _add_tail(weights, call_shares, tail_weight * _tail_mass(rows, gamma, powers))
-    return weights, dict(zip(agents, rows[0]))  # noqa: B905
+        _extend(
+            weights, rows, agents, position, gamma, powers, call_shares, tail_weight, history_weight
+        )
+    return weights
+
+
+def _fold_default(
+    forecast: np.ndarray, n_agents: int, powers: Sequence[float]
+) -> tuple[list[list[float]], list[float]] | None:
+    """Return the rows and the Eq. 2 weights (as :func:`_fold` without shares) of a
+    default-horizon forecast that is clearly valid, else ``None`` (then
+    :func:`_valid_rows` and :func:`_fold` decide).
+
+    Clearly valid as :func:`_plainly_valid` says, for a float64 ``(3, n_agents + 1)``
+    array: each row's sum within half the tolerance of 1, and no sign bit set (read from
+    the array's bytes, one per value: a negative value, ``-0.0`` or a negative NaN sends
+    the forecast to the full check, which accepts ``-0.0`` as before). ``powers``: at
+    least ``gamma**0..2``.
+    """
+    if type(forecast) is not np.ndarray or forecast.dtype is not _FLOAT64:
+        return None
+    if forecast.shape != (3, n_agents + 1) or not forecast.tobytes()[_SIGN_BYTES].isascii():
+        return None
+    rows: list[list[float]] = forecast.tolist()
+    r1, r2, r3 = rows
+    if (
+        _SUM_LOW <= sum(r1) <= _SUM_HIGH
+        and _SUM_LOW <= sum(r2) <= _SUM_HIGH
+        and _SUM_LOW <= sum(r3) <= _SUM_HIGH
+    ):
+        return rows, _fold_default_rows(rows, n_agents, powers)
+    return None
+
+
+def _fold_default_rows(
+    rows: list[list[float]], n_agents: int, powers: Sequence[float]
+) -> list[float]:
+    """Fold three validated rows in one comprehension: the step weights are ``1.0``,
+    ``gamma (1 - e1)`` and ``gamma^2 ((1 - e1)(1 - e2))``, the products
+    :func:`_fold_rows` takes, and ``1.0 * p == p``; the END column's slot is then set
+    to 0 (see :func:`_fold`)."""
+    r1, r2, r3 = rows
+    alive = 1.0 - r1[-1]
+    w2 = powers[1] * alive
+    w3 = powers[2] * (alive * (1.0 - r2[-1]))
+    weights = [p1 + w2 * p2 + w3 * p3 for p1, p2, p3 in zip(r1, r2, r3)]  # noqa: B905
+    weights[n_agents] = 0.0
+    return weights
+
+
+def _extend(
+    weights: list[float],
+    rows: list[list[float]],
+    agents: tuple[str, ...],
+    position: Mapping[str, int],
+    gamma: float,
+    powers: Sequence[float],
+    call_shares: Mapping[str, float],
+    tail_weight: float,
+    history_weight: float,
+) -> None:
+    """Add the history blend and the tail past the horizon to Eq. 2's ``weights``
+    (:func:`agent_weights`), in place."""
+    if history_weight > 0.0:
+        _blend_history(weights, rows, agents, gamma, call_shares, history_weight)
+    mass = tail_weight * _tail_mass(rows, gamma, powers)
+    for agent, share in call_shares.items():
+        i = position.get(agent)
+        if i is not None:
+            weights[i] += mass * share
 
 
 def history_sharpened(
@@ -213,26 +317,27 @@ def history_sharpened(
 
 
 def _blend_history(
-    weights: dict[str, float],
+    weights: list[float],
     rows: list[list[float]],
     agents: Sequence[str],
     gamma: float,
     call_shares: Mapping[str, float],
     history_weight: float,
 ) -> None:
-    """Mix ``u`` with the same fold over history-sharpened rows (:func:`agent_weights`).
+    """Mix ``u`` (``weights``, in ``agents``' order) with the same fold over
+    history-sharpened rows (:func:`agent_weights`).
 
     The survival weights ``gamma^(k-1) s^(k)`` read only the END column, which
     sharpening keeps, so the mixed weights are the fold of the mixed rows. ``rows``: the
     validated forecast's rows (END last)."""
-    sharp = dict.fromkeys(agents, 0.0)
+    sharp = [0.0] * len(agents)
     step_weight = 1.0
     for row in rows:
-        for agent, q in zip(agents, history_sharpened(row, agents, call_shares), strict=True):
-            sharp[agent] += step_weight * q
+        for i, q in enumerate(history_sharpened(row, agents, call_shares)):
+            sharp[i] += step_weight * q
         step_weight *= gamma * (1.0 - row[-1])
-    for agent, value in sharp.items():
-        weights[agent] += history_weight * (value - weights[agent])
+    for i, value in enumerate(sharp):
+        weights[i] += history_weight * (value - weights[i])
 
 
 def beyond_horizon_mass(forecast: np.ndarray, gamma: float) -> float:
@@ -254,12 +359,6 @@ def _tail_mass(rows: list[list[float]], gamma: float, powers: Sequence[float]) -
     if ratio * TAIL_MAX_STEPS <= 1.0:
         return decay * alive * TAIL_MAX_STEPS
     return decay * alive / ratio
-
-
-def _add_tail(weights: dict[str, float], call_shares: Mapping[str, float], mass: float) -> None:
-    for agent, share in call_shares.items():
-        if agent in weights:
-            weights[agent] += mass * share
 
 
 def _fold_rows(
@@ -333,6 +432,50 @@ class _ZeroIfMissing(dict[str, float]):
         return 0.0
 
 
+class _Flow:
+    """One active workflow's forecast state (:class:`ScoreBoard`).
+
+    Attributes:
+        agents: the columns of its last forecast (``()`` before the first).
+        position: each of ``agents``' column.
+        weights: ``u[a]`` in ``agents``' order, then ``0.0``: an agent the forecast does
+            not name weighs ``weights[position.get(a, -1)]``, 0.
+        first: the last forecast's step-1 row ``P^(1)`` (END last); ``None`` before one.
+        plan: per agent-set group, the ``weights`` slots of its agents (then the 0 slot)
+            and its nodes: a forecast under the same ``agents`` sums each group's change
+            from them; ``None`` when a group came or went or ``agents`` changed.
+    """
+
+    __slots__ = ("agents", "position", "weights", "first", "plan")
+
+    def __init__(self) -> None:
+        self.agents: tuple[str, ...] = ()
+        self.position: dict[str, int] = {}
+        self.weights: list[float] = [0.0]
+        self.first: list[float] | None = None
+        self.plan: list[tuple[Callable[[list[float]], tuple[float, ...]], set[Node]]] | None = None
+
+    def weight(self, agent: str) -> float:
+        """Return ``u[agent]`` (0 for an agent the last forecast does not name)."""
+        return self.weights[self.position.get(agent, -1)]
+
+    def next_step(self, agent: str) -> float:
+        """Return ``P^(1)[agent]`` of the last forecast (0 before one, or if unnamed)."""
+        i = self.position.get(agent)
+        return 0.0 if i is None or self.first is None else self.first[i]
+
+    def predicted(self) -> dict[str, float]:
+        """Return the last forecast's ``P^(1)`` per agent (empty before one)."""
+        return {} if self.first is None else dict(zip(self.agents, self.first))  # noqa: B905
+
+
+Move = tuple[float, set[Node]]
+"""A forecast's score change for one agent-set group, and the group."""
+
+_NO_FLOW = _Flow()
+"""The state of a workflow the board does not hold (read only)."""
+
+
 class ScoreBoard:
     """Per-workflow weights and per-node scores.
 
@@ -342,14 +485,18 @@ class ScoreBoard:
 
     A workflow's nodes are kept grouped by the agents of that workflow that touched them
     (``A_w(c)``), so a forecast computes each group's change once and then only adds it
-    to the group's scores: most of a workflow's nodes share one agent set.
+    to the group's scores: most of a workflow's nodes share one agent set. While a
+    workflow's forecasts name the same agents, each group's slots in the weight list
+    are looked up once (:class:`_Flow`'s plan), not once per forecast.
 
     Args:
         reprioritize: called with each node whose score or retired flag changed.
         gamma: confidence decay ``gamma``.
         ended_memory: terminated workflow ids remembered, >= 1.
-        reprioritize_groups: called with an iterable of groups of such nodes at once (a
-            forecast's groups); default: ``reprioritize`` on each node.
+        shift_groups: called once per forecast with its ``(delta, group)`` moves: add
+            ``delta`` to the score of each node of ``group`` and re-key it, in one pass
+            (:meth:`RadixTree.shift_scores`); default: the addition here, then
+            ``reprioritize`` on each node.
         beyond_horizon: read each workflow's recent call shares: the score's tail past
             the horizon, weighted by :attr:`miss_rate`, and the history-sharpened rows
             within it, weighted by :meth:`history_weight` (see :func:`agent_weights`);
@@ -362,7 +509,7 @@ class ScoreBoard:
         gamma: float,
         *,
         ended_memory: int = ENDED_MEMORY,
-        reprioritize_groups: Callable[[Iterable[Iterable[Node]]], None] | None = None,
+        shift_groups: Callable[[list[Move]], None] | None = None,
         beyond_horizon: bool = True,
     ) -> None:
         if not 0.0 < gamma <= 1.0:
@@ -383,9 +530,8 @@ class ScoreBoard:
         self._history_evidence: dict[str, float] = {}  # active workflows only
         self._call_shares: dict[str, dict[str, float]] = {}  # active workflows only
         self._reprioritize = reprioritize
-        self._reprioritize_groups = reprioritize_groups or self._each
-        self._weights: dict[str, dict[str, float]] = {}
-        self._next: dict[str, dict[str, float]] = {}
+        self._shift_groups = shift_groups or self._shift_each
+        self._flows: dict[str, _Flow] = {}  # active workflows only
         self._nodes: dict[str, set[Node]] = {}
         # workflow -> its agents that touched a node -> those nodes (partitions _nodes)
         self._groups: dict[str, dict[frozenset[str], set[Node]]] = {}
@@ -403,9 +549,11 @@ class ScoreBoard:
         once)."""
         return self._gamma
 
-    def _each(self, groups: Iterable[Iterable[Node]]) -> None:
-        for node in itertools.chain.from_iterable(groups):
-            self._reprioritize(node)
+    def _shift_each(self, moves: list[Move]) -> None:
+        for delta, group in moves:
+            for node in group:
+                node.score += delta
+                self._reprioritize(node)
 
     def ordinal(self, workflow_id: str) -> int:
         """Return ``workflow_id``'s start ordinal (0 for the first workflow seen): its age.
@@ -436,8 +584,8 @@ class ScoreBoard:
         self.ordinal(workflow_id)
         self._nodes.setdefault(workflow_id, set())
         self._groups.setdefault(workflow_id, {})
-        self._weights.setdefault(workflow_id, {})
-        self._next.setdefault(workflow_id, {})
+        if workflow_id not in self._flows:
+            self._flows[workflow_id] = _Flow()
 
     def note_invocation(self, workflow_id: str, agent: str) -> None:
         """Note that ``workflow_id`` calls ``agent``: check the step-1 forecast made before
@@ -447,7 +595,8 @@ class ScoreBoard:
         """
         if workflow_id in self._ended:
             return
-        predicted = self._next.get(workflow_id)
+        flow = self._flows.get(workflow_id)
+        predicted = flow.predicted() if flow is not None else None
         shares = self._call_shares.get(workflow_id)
         if predicted:
             miss = 1.0 - min(1.0, max(0.0, predicted.get(agent, 0.0)))
@@ -507,7 +656,8 @@ class ScoreBoard:
             self._retire_unowned(nodes)
             return
         self.start(workflow_id)
-        weight = self._weights[workflow_id].get(agent, 0.0)
+        flow = self._flows[workflow_id]
+        weight = flow.weight(agent)
         mine = self._nodes[workflow_id]
         groups = self._groups[workflow_id]
         age = self._ordinal[workflow_id]
@@ -517,10 +667,11 @@ class ScoreBoard:
                 agents = node.accessors[workflow_id] = set()
             elif agent in agents:
                 continue
-            else:
-                _leave(groups, frozenset(agents), node)
+            elif _leave(groups, frozenset(agents), node):
+                flow.plan = None
             agents.add(agent)
-            groups.setdefault(frozenset(agents), set()).add(node)
+            if _join(groups, frozenset(agents), node):
+                flow.plan = None
             node.score += weight
             node.oldest = min(node.oldest, age)
             node.retired = False
@@ -541,41 +692,95 @@ class ScoreBoard:
             The number of nodes refreshed (0 for a terminated workflow).
 
         Raises:
-            ValueError: the forecast is malformed (:func:`validate_forecast`); nothing
-                changes.
+            ValueError: the forecast is malformed (:func:`validate_forecast`) or
+                ``agents`` names an agent twice; nothing changes.
 
         Mutates: scores of the workflow's nodes only.
         """
+        if type(agents) is not tuple:
+            agents = tuple(agents)
+        flow = self._flows.get(workflow_id)
+        same = flow is not None and agents == flow.agents
+        position = flow.position if same else _positions(agents)  # type: ignore[union-attr]
         shares = self._call_shares.get(workflow_id) if self.beyond_horizon else None
         mix = self.history_weight(workflow_id) if shares else 0.0
-        new, first = _agent_weights(
-            forecast, agents, self._gamma, self._powers, shares, self.miss_rate, mix
-        )
-        if workflow_id in self._ended:
-            return 0  # a late forecast does not revive a terminated workflow
-        if workflow_id not in self._weights:
+        folded = _fold_default(forecast, len(agents), self._powers)
+        if folded is None:
+            rows = _valid_rows(forecast, len(agents))
+            new = _fold(
+                rows, forecast, agents, position, self._gamma, self._powers, shares,
+                self.miss_rate, mix,
+            )  # fmt: skip
+        else:
+            rows, new = folded
+            if shares:
+                _extend(
+                    new, rows, agents, position, self._gamma, self._powers, shares,
+                    self.miss_rate, mix,
+                )  # fmt: skip
+        if flow is None:  # a workflow with a flow is active: terminate() drops it
+            if workflow_id in self._ended:
+                return 0  # a late forecast does not revive a terminated workflow
             self.start(workflow_id)
-        old = self._weights[workflow_id]
-        self._weights[workflow_id] = new
-        self._next[workflow_id] = first
-        # u_new[a] - u_old[a] once per agent, not once per node and agent; a node's delta
-        # sums them in its set's order, as the per-node sum always did
-        change = _ZeroIfMissing(new)  # an agent the old weights lack changed by u_new - 0
-        for agent, before in old.items():
-            change[agent] = new.get(agent, 0.0) - before
-        changed = change.__getitem__
-        moved = []
-        for agents_used, group in self._groups[workflow_id].items():
-            delta = sum(map(changed, agents_used))
-            if delta:
-                for node in group:
-                    node.score += delta
-                moved.append(group)
-        if moved:
-            self._reprioritize_groups(moved)
+            flow = self._flows[workflow_id]
+        if same:
+            moves = self._moves(flow, new, self._groups[workflow_id])
+        else:
+            moves = self._moves_renamed(flow, agents, new, self._groups[workflow_id])
+            flow.agents, flow.position, flow.plan = agents, position, None
+        flow.weights = new
+        flow.first = rows[0]
+        if moves:
+            self._shift_groups(moves)
         refreshed = len(self._nodes[workflow_id])
         self.refreshed_nodes += refreshed
         return refreshed
+
+    @staticmethod
+    def _moves(
+        flow: _Flow, new: list[float], groups: dict[frozenset[str], set[Node]]
+    ) -> list[Move]:
+        """Return each group's change ``sum_{a in A_w(c)} (u_new[a] - u_old[a])`` with
+        the group, where it is not 0; ``new`` and ``flow.weights`` in the same
+        ``agents``' order.
+
+        ``u_new[a] - u_old[a]`` is taken once per agent, not once per node and agent; a
+        group's change sums them in its set's order (then the 0 slot's ``0.0 - 0.0``:
+        ``x + 0.0 == x`` but for the sign of a zero, and a zero change moves nothing), as
+        the per-node sum always did.
+        """
+        change = list(map(sub, new, flow.weights))  # after - before, per slot
+        plan = flow.plan
+        if plan is None:
+            plan = flow.plan = _plan(flow, groups)
+        moves = []
+        for slots, group in plan:
+            delta = sum(slots(change))
+            if delta:
+                moves.append((delta, group))
+        return moves
+
+    @staticmethod
+    def _moves_renamed(
+        flow: _Flow,
+        agents: tuple[str, ...],
+        new: list[float],
+        groups: dict[frozenset[str], set[Node]],
+    ) -> list[Move]:
+        """:meth:`_moves` for a forecast whose ``agents`` differ from the last one's (or
+        the first), by agent name: an agent only the new forecast names changes by
+        ``u_new``, one only the old names by ``0 - u_old``, one neither names by 0."""
+        after = dict(zip(agents, new))  # noqa: B905 (the 0 slot left out)
+        change = _ZeroIfMissing(after)
+        for agent, before in zip(flow.agents, flow.weights):  # noqa: B905
+            change[agent] = after.get(agent, 0.0) - before
+        changed = change.__getitem__
+        moves = []
+        for agents_used, group in groups.items():
+            delta = sum(map(changed, agents_used))
+            if delta:
+                moves.append((delta, group))
+        return moves
 
     def terminate(self, workflow_id: str) -> None:
         """Drop a finished workflow; nodes no active workflow touched become retired.
@@ -586,8 +791,7 @@ class ScoreBoard:
         self._ended.move_to_end(workflow_id)
         while len(self._ended) > self.ended_memory:
             self._ended.popitem(last=False)
-        weights = self._weights.pop(workflow_id, {})
-        self._next.pop(workflow_id, None)
+        flow = self._flows.pop(workflow_id, None) or _Flow()
         self._call_shares.pop(workflow_id, None)
         self._history_evidence.pop(workflow_id, None)
         self._groups.pop(workflow_id, None)
@@ -595,7 +799,7 @@ class ScoreBoard:
             self.ordinals_version += 1
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
-            node.score -= sum(weights.get(a, 0.0) for a in agents)
+            node.score -= sum(flow.weight(a) for a in agents)
             node.oldest = min((self._ordinal[w] for w in node.accessors), default=NO_WORKFLOW)
             if not node.accessors:
                 node.retired = True
@@ -603,11 +807,13 @@ class ScoreBoard:
             self._reprioritize(node)
 
     def check_integrity(self) -> None:
-        """Assert that each workflow's groups partition its nodes by ``A_w(c)``.
+        """Assert that each workflow's groups partition its nodes by ``A_w(c)``, and that
+        a workflow's plan (:class:`_Flow`), where it has one, is that of its groups.
 
         Raises:
             AssertionError: a node is missing from its group, sits in another group, or
-                a group is empty; the message names the workflow and the counts.
+                a group is empty, or the plan holds other groups or slots; the message
+                names the workflow and the counts.
         """
         for workflow_id, nodes in self._nodes.items():
             groups = self._groups.get(workflow_id, {})
@@ -625,11 +831,26 @@ class ScoreBoard:
                         f"workflow {workflow_id}: group {sorted(agents)} holds "
                         f"{len(wrong)} of {len(group)} nodes with other agents"
                     )
+            self._check_plan(workflow_id, groups)
+
+    def _check_plan(self, workflow_id: str, groups: dict[frozenset[str], set[Node]]) -> None:
+        flow = self._flows.get(workflow_id)
+        if flow is None or flow.plan is None:
+            return
+        slots = [float(i) for i in range(len(flow.agents) + 1)]  # each slot reads its index
+        planned = [(getter(slots), id(group)) for getter, group in flow.plan]
+        expected = [(getter(slots), id(group)) for getter, group in _plan(flow, groups)]
+        if planned != expected:
+            raise AssertionError(
+                f"workflow {workflow_id}: a plan of {len(planned)} groups where "
+                f"{len(expected)} are due ({len(set(planned) ^ set(expected))} differ)"
+            )
 
     def next_step_value(self, node: Node) -> float:
         """Return ``sum_w A_w(c) . P_w^(1)``: the k=1 term of the score, for prefetch."""
+        flows = self._flows
         return sum(
-            sum(self._next.get(w, {}).get(a, 0.0) for a in agents)
+            sum((flows.get(w) or _NO_FLOW).next_step(a) for a in agents)
             for w, agents in node.accessors.items()
         )
 
@@ -637,15 +858,21 @@ class ScoreBoard:
         """Tree hook: ``top`` was split off above ``node`` and inherits its accessors."""
         for w, agents in top.accessors.items():
             self._nodes.setdefault(w, set()).add(top)
-            self._groups.setdefault(w, {}).setdefault(frozenset(agents), set()).add(top)
+            if _join(self._groups.setdefault(w, {}), frozenset(agents), top):
+                self._forget_plan(w)
 
     def on_remove(self, node: Node) -> None:
         """Tree hook: ``node`` left the tree."""
         for w, agents in node.accessors.items():
             self._nodes.get(w, set()).discard(node)
             groups = self._groups.get(w)
-            if groups is not None:
-                _leave(groups, frozenset(agents), node)
+            if groups is not None and _leave(groups, frozenset(agents), node):
+                self._forget_plan(w)
+
+    def _forget_plan(self, workflow_id: str) -> None:
+        flow = self._flows.get(workflow_id)
+        if flow is not None:
+            flow.plan = None
 
 
 def _add_evidence(evidence: float, ratio: float) -> float:
@@ -663,10 +890,37 @@ def _log_ratio(q: float, p: float) -> float:
     return min(EVIDENCE_CAP, max(-EVIDENCE_CAP, math.log(q / p)))
 
 
-def _leave(groups: dict[frozenset[str], set[Node]], agents: frozenset[str], node: Node) -> None:
-    """Take ``node`` out of its agent-set group (dropping the group once empty)."""
+def _leave(groups: dict[frozenset[str], set[Node]], agents: frozenset[str], node: Node) -> bool:
+    """Take ``node`` out of its agent-set group; return whether that dropped the group
+    (it was left empty)."""
     group = groups.get(agents)
     if group is not None:
         group.discard(node)
         if not group:
             del groups[agents]
+            return True
+    return False
+
+
+def _join(groups: dict[frozenset[str], set[Node]], agents: frozenset[str], node: Node) -> bool:
+    """Put ``node`` in its agent-set group; return whether that made the group."""
+    group = groups.get(agents)
+    if group is None:
+        groups[agents] = {node}
+        return True
+    group.add(node)
+    return False
+
+
+def _plan(
+    flow: _Flow, groups: dict[frozenset[str], set[Node]]
+) -> list[tuple[Callable[[list[float]], tuple[float, ...]], set[Node]]]:
+    """Return :class:`_Flow`'s plan for ``groups``: per group, a getter of its agents'
+    slots of a list in ``flow.agents``' order (in the group's set order; an agent
+    ``flow.agents`` does not name reads the 0 slot), then the 0 slot, and the group."""
+    zero = len(flow.agents)
+    position = flow.position
+    return [
+        (itemgetter(*[position.get(a, zero) for a in agents], zero), group)
+        for agents, group in groups.items()
+    ]

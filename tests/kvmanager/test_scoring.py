@@ -553,14 +553,18 @@ class StraightforwardBoard(ScoreBoard):
         if workflow_id in self._ended:
             return 0
         self.start(workflow_id)
-        old = self._weights[workflow_id]
-        self._weights[workflow_id], self._next[workflow_id] = new, first
+        flow = self._flows[workflow_id]
+        old = dict(zip(flow.agents, flow.weights, strict=False))  # the 0 slot left out
         for agents_used, group in self._groups[workflow_id].items():
             delta = sum(new.get(a, 0.0) - old.get(a, 0.0) for a in agents_used)
             if delta:
                 for node in group:
                     node.score += delta
                     self._reprioritize(node)
+        flow.agents = tuple(agents)
+        flow.position = {a: i for i, a in enumerate(agents)}
+        flow.weights = [new[a] for a in agents] + [0.0]
+        flow.first = [first[a] for a in agents]
         return len(self._nodes[workflow_id])
 
 
@@ -570,17 +574,18 @@ def straightforward_key(node):
     return (not node.retired, value, -node.oldest, node.last_access_s, node.serial)
 
 
-def test_the_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
+def check_against_the_straightforward_board(clock, monkeypatch, agent_sets, seed, horizons):
     """Two managers, one with the straightforward board, through the same random touches,
-    calls, forecasts (K = 1..4) and ends, with evictions: the same scores to the last bit,
-    the same trees, and the eviction order of the key computed with ``round``."""
+    calls, forecasts and ends, with evictions: the same scores to the last bit, the same
+    trees, and the eviction order of the key computed with ``round``. Each forecast names
+    one of ``agent_sets`` (a call, the first of them)."""
     fast = make_manager(clock, "pbkv", gpu=48, host=0, horizon=4)
     monkeypatch.setattr(manager_module, "ScoreBoard", StraightforwardBoard)
     plain = make_manager(clock, "pbkv", gpu=48, host=0, horizon=4)
     assert type(plain.scores) is StraightforwardBoard
     StraightforwardBoard.blended = 0
-    rng = np.random.default_rng(3)
-    agents, contexts = ("planner", "coder", "tester", "analyzer"), {}
+    rng = np.random.default_rng(seed)
+    agents, contexts = agent_sets[0], {}
     for step in range(400):
         w = f"w{rng.integers(6)}"
         if w not in contexts:
@@ -595,14 +600,16 @@ def test_the_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
                 mgr.on_agent_invoked(w, agent, step)
                 run(mgr, clock, contexts[w], w, agent)
         elif op < 0.9:
-            forecast = random_forecast(rng, int(rng.integers(1, 5)), 4)
-            assert fast.on_forecast(w, forecast, agents) == plain.on_forecast(w, forecast, agents)
+            named = agent_sets[int(rng.integers(len(agent_sets)))]
+            forecast = random_forecast(rng, int(rng.choice(horizons)), len(named))
+            assert fast.on_forecast(w, forecast, named) == plain.on_forecast(w, forecast, named)
         else:
             del contexts[w]
             for mgr in (fast, plain):
                 mgr.on_workflow_terminated(w)
         ours = {tuple(n.keys): n.score.hex() for n in fast.tree.nodes()}
         assert ours == {tuple(n.keys): n.score.hex() for n in plain.tree.nodes()}
+        fast.check_integrity()  # the plans are those of the groups
     assert StraightforwardBoard.blended > 20  # the history blend ran, not only Eq. 2
     assert fast.statistics().evicted_active_blocks > 20  # evictions ranked by the scores
     for mgr in (fast, plain):
@@ -611,3 +618,103 @@ def test_the_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
         )
         assert mgr.tree.lowest_candidate("gpu") is leaves[0]
     assert eviction_order(fast, 20) == eviction_order(plain, 20)
+
+
+PLANNERS = ("planner", "coder", "tester", "analyzer")
+
+
+def test_the_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
+    """Forecasts of K = 1..4 over one set of agents."""
+    check_against_the_straightforward_board(clock, monkeypatch, [PLANNERS], 3, (1, 2, 3, 4))
+
+
+def test_the_default_horizon_refresh_is_the_straightforward_one_bit_for_bit(clock, monkeypatch):
+    """K = 3 forecasts only: every one takes the one-pass fold and the group plans."""
+    check_against_the_straightforward_board(clock, monkeypatch, [PLANNERS], 7, (3,))
+
+
+def test_a_refresh_whose_agents_change_is_the_straightforward_one(clock, monkeypatch):
+    """Forecasts naming the agents in another order, a subset, one unknown agent, or as a
+    list: each change of names re-plans the groups by name, as the per-agent sums read."""
+    agent_sets = [
+        PLANNERS,
+        PLANNERS,
+        tuple(reversed(PLANNERS)),
+        ("planner", "coder"),
+        ("tester", "analyzer", "critic"),
+        list(PLANNERS),
+    ]
+    check_against_the_straightforward_board(clock, monkeypatch, agent_sets, 11, (3, 3, 2))
+
+
+EDGE_FORECASTS = {
+    "plain": [[0.5, 0.2, 0.3], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "exact zeros": [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]],
+    "a negative zero": [[-0.0, 0.5, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a tiny negative value": [[-1e-300, 0.5, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a negative value": [[-0.1, 0.6, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a negative NaN": [[-np.nan, 0.5, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "NaN": [[np.nan, 0.5, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "infinity": [[np.inf, 0.5, 0.5], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a sum within the tolerance": [[0.5, 0.2, 0.30008], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a sum past the tolerance": [[0.5, 0.2, 0.3002], [0.1, 0.1, 0.8], [0.3, 0.3, 0.4]],
+    "a last row past the tolerance": [[0.5, 0.2, 0.3], [0.1, 0.1, 0.8], [0.3, 0.3, 0.3]],
+}
+
+
+@pytest.mark.parametrize("name", EDGE_FORECASTS)
+@pytest.mark.parametrize("form", ["float64", "float32", "fortran", "big-endian", "list"])
+def test_the_one_pass_fold_accepts_and_folds_as_the_full_check(name, form):
+    """The default horizon's one-pass check accepts only what ``validate_forecast``
+    accepts, and the board then refreshes or refuses exactly as ``agent_weights`` does."""
+    forecast = np.array(EDGE_FORECASTS[name])
+    given = {
+        "float64": forecast,
+        "float32": forecast.astype(np.float32),
+        "fortran": np.asfortranarray(forecast),
+        "big-endian": forecast.astype(">f8"),
+        "list": forecast.tolist(),
+    }[form]
+    agents = ("planner", "coder")
+    board = ScoreBoard(lambda node: None, 0.8)
+    folded = scoring._fold_default(given, len(agents), board._powers)
+    try:
+        expected = agent_weights(given, agents, 0.8)
+    except ValueError as exc:
+        assert folded is None
+        with pytest.raises(ValueError, match=str(exc).split(" ")[0]):
+            board.set_forecast("w", given, agents)
+        return
+    assert board.set_forecast("w", given, agents) == 0
+    flow = board._flows["w"]
+    assert bits(dict(zip(agents, flow.weights, strict=False))) == bits(expected[0])
+    assert bits(flow.predicted()) == bits(expected[1])
+    if folded is not None:
+        assert bits(dict(zip(agents, folded[1], strict=False))) == bits(expected[0])
+    clear = ("plain", "exact zeros")  # the rest goes to the full check
+    assert (folded is not None) == (form in ("float64", "fortran") and name in clear)
+
+
+def test_agents_named_twice_are_refused(clock):
+    mgr = make_manager(clock)
+    mgr.on_workflow_started("w")
+    forecast = np.full((3, 3), 1 / 3)
+    with pytest.raises(ValueError, match="twice"):
+        mgr.scores.set_forecast("w", forecast, ("coder", "coder"))
+    assert mgr.on_forecast("w", forecast, ("coder", "coder")) == 0
+    assert mgr.statistics().rejected_forecasts == 1
+
+
+def test_a_plan_that_misses_a_group_fails_the_integrity_check(clock):
+    mgr = make_manager(clock)
+    mgr.on_workflow_started("w")
+    run(mgr, clock, [1, 2, 3], "w", "planner")
+    run(mgr, clock, [1, 2, 3, 4], "w", "coder")
+    mgr.on_forecast("w", np.full((3, 4), 0.25), AGENTS)  # names the agents: no plan yet
+    mgr.on_forecast("w", np.array([[0.4, 0.3, 0.2, 0.1]] * 3), AGENTS)  # plans the groups
+    mgr.check_integrity()
+    flow = mgr.scores._flows["w"]
+    assert len(flow.plan) == 2  # {planner, coder} and {planner}
+    flow.plan = flow.plan[:1]  # as if a group had come without the plan being forgotten
+    with pytest.raises(AssertionError, match="plan"):
+        mgr.scores.check_integrity()
