@@ -93,25 +93,33 @@ class _Built(NamedTuple):
 class _Quiet:
     """What one admission call saw, kept when it admitted, rejected and changed nothing.
 
-    Its outcome is a function of the tree (its :attr:`~pbkv.kvmanager.RadixTree.version`
-    says whether it changed), the order entries are tried in, which of them are held
-    back and whether anything runs; with all of these the same, a call would try the
-    same ``tried`` entries and be refused each time again.
+    Its outcome is a function of what the KV manager's refusals read (its
+    :meth:`~pbkv.kvmanager.KVManager.settled_version` and the queue index's version say
+    whether that changed: a chunk commit below a running request's lease does not), the
+    order entries are tried in, which of them are held back, the free batch slots and
+    whether anything runs; with all of these the same, a call would try the same
+    ``tried`` entries and be refused each time again. ``tree_version`` is the tree's
+    version when the call began: the call changed nothing if it is still that.
     """
 
     kv: KVManager
-    version: int
+    settled: int
+    walks: int
+    tree_version: int
     order: list[Waiting]
     held: set[int]
     running: bool
+    free_slots: int
     tried: int = 0
 
     def same_as(self, other: _Quiet | None) -> bool:
         return (
             other is not None
             and other.kv is self.kv
-            and other.version == self.version
+            and other.settled == self.settled
+            and other.walks == self.walks
             and other.running == self.running
+            and other.free_slots == self.free_slots
             and other.held == self.held
             and _same(other.order, self.order)
         )
@@ -292,7 +300,12 @@ class _RankedScheduler:
         if not _same(queue, self._queue):
             self._forget_gone(queue)
         order = self._order(kv, queue)
-        quiet = None if candidates else _Quiet(kv, kv.tree.version, order, held, bool(running))
+        quiet = None
+        if not candidates:
+            settled, walks = kv.settled_version(), kv.waiting.version
+            quiet = _Quiet(
+                kv, settled, walks, kv.tree.version, order, held, bool(running), free_slots
+            )
         if quiet is not None and quiet.same_as(self._quiet):
             assert self._quiet is not None
             kv.count_refusals(self._quiet.tried)  # what trying them again would count
@@ -352,7 +365,11 @@ class _RankedScheduler:
             on_admit(entry, admission)
         kv.count_refusals(skipped)
         self._count_bypasses(queue, held, waiting, admitted)
-        if quiet is not None and len(waiting) == len(queue) and quiet.version == kv.tree.version:
+        if (
+            quiet is not None
+            and len(waiting) == len(queue)
+            and quiet.tree_version == kv.tree.version
+        ):
             quiet.tried = tried  # nothing admitted or rejected, and the tree as it was
         else:
             quiet = None
