@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -247,7 +246,7 @@ class KVManager:
         self._settled = 0
         self._settled_at = -1  # the tree version the count stands for
         # prompt block keys running requests are computing (admitted, not yet committed)
-        self._computing: Counter[int] = Counter()
+        self._computing: dict[int, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -355,7 +354,9 @@ class KVManager:
             return None
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
-        self._computing.update(request.keys[matched:])
+        computing = self._computing
+        for key in request.keys[matched:]:
+            computing[key] = computing.get(key, 0) + 1
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
@@ -687,9 +688,9 @@ class KVManager:
         tree = self.tree
         settled = tree.version == self._settled_at and self.kvflow is None and self.belady is None
         free, walks = tree.gpu.num_free, self.waiting.version
-        self._computed(admission.request.keys, admission.committed_blocks, len(keys))
         old = admission.lease
         match = tree.insert_below(old.node, keys, admission.private_blocks[:new])
+        self._computed(admission.request.keys, admission.committed_blocks, len(keys))
         admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         admission.lease = tree.lock(match.node)
         tree.unlock(old)
@@ -727,8 +728,10 @@ class KVManager:
         """Stop counting ``keys[start:end]`` as being computed (committed or released)."""
         computing = self._computing
         for key in keys[start:end]:
-            computing[key] -= 1
-            if computing[key] <= 0:
+            left = computing[key] - 1
+            if left:
+                computing[key] = left
+            else:
                 del computing[key]
 
     def prefix_in_flight(self, keys: list[int], namespace: str = "") -> bool:

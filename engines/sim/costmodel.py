@@ -34,6 +34,7 @@ cited here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -41,6 +42,18 @@ from typing import NamedTuple
 from .profile import HardwareProfile, ModelProfile
 
 __all__ = ["CostModel", "PrefillChunk", "StepCost"]
+
+
+class _Terms(NamedTuple):
+    """:meth:`CostModel.step_cost`'s constant factors: ``2·P``, ``4·L·H·d``, the weight
+    and per-token KV bytes of one GPU, and the achieved rates ``tp·F`` and ``B``."""
+
+    matmul_flops_per_token: float
+    attention_flops_per_pair: float
+    weight_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+    compute_flops_per_s: float
+    memory_bandwidth_bytes_per_s_per_gpu: float
 
 
 class PrefillChunk(NamedTuple):
@@ -225,24 +238,50 @@ class CostModel:
             ValueError: a count is negative, a chunk has no new tokens, or KV tokens are read
                 with no decode batch.
         """
-        chunks = [_chunk(i, chunk) for i, chunk in enumerate(prefill_chunks)]
+        if not isinstance(prefill_chunks, (list, tuple)):
+            prefill_chunks = list(prefill_chunks)
         _check_count("decode_batch", decode_batch)
         _check_count("decode_kv_tokens", decode_kv_tokens)
         if decode_batch == 0 and decode_kv_tokens:
             raise ValueError(f"decode_kv_tokens={decode_kv_tokens} with decode_batch=0")
-        if not chunks and decode_batch == 0:
+        if not prefill_chunks and decode_batch == 0:
             return StepCost(flops=0.0, bytes_per_gpu=0.0, compute_s=0.0, memory_s=0.0)
-        flops = self.decode_flops(decode_batch, decode_kv_tokens)
-        flops += sum(self.prefill_flops(c.new_tokens, c.cached_tokens) for c in chunks)
-        kv_tokens = decode_kv_tokens + sum(c.new_tokens + c.cached_tokens for c in chunks)
-        bytes_per_gpu = float(
-            self.weight_bytes_per_gpu + kv_tokens * self.kv_bytes_per_token_per_gpu
+        # the formulas of decode_flops, prefill_flops and the roofline rates, with their
+        # constant factors taken once (the same products, so the same floats); a sim
+        # step asks up to three times
+        t = self._terms
+        flops = t.matmul_flops_per_token * decode_batch + t.attention_flops_per_pair * (
+            decode_kv_tokens
         )
+        kv_tokens = decode_kv_tokens
+        if prefill_chunks:
+            prefill = 0  # sum()'s start: the same additions in the same order
+            for i, (new, cached) in enumerate(prefill_chunks):
+                if new < 1 or cached < 0:
+                    _chunk(i, (new, cached))  # raises
+                pairs = new * cached + new * (new + 1) // 2
+                prefill += t.matmul_flops_per_token * new + t.attention_flops_per_pair * pairs
+                kv_tokens += new + cached
+            flops += prefill
+        bytes_per_gpu = float(t.weight_bytes_per_gpu + kv_tokens * t.kv_bytes_per_token_per_gpu)
         return StepCost(
             flops=flops,
             bytes_per_gpu=bytes_per_gpu,
-            compute_s=flops / self.compute_flops_per_s,
-            memory_s=bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu,
+            compute_s=flops / t.compute_flops_per_s,
+            memory_s=bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu,
+        )
+
+    @functools.cached_property
+    def _terms(self) -> _Terms:
+        """The step roofline's constant factors (the profiles are frozen)."""
+        m = self.model
+        return _Terms(
+            matmul_flops_per_token=2.0 * m.num_params,
+            attention_flops_per_pair=4.0 * m.num_layers * m.num_attention_heads * m.head_dim,
+            weight_bytes_per_gpu=self.weight_bytes_per_gpu,
+            kv_bytes_per_token_per_gpu=self.kv_bytes_per_token_per_gpu,
+            compute_flops_per_s=self.compute_flops_per_s,
+            memory_bandwidth_bytes_per_s_per_gpu=self.memory_bandwidth_bytes_per_s_per_gpu,
         )
 
     def step_s(

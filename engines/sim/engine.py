@@ -260,6 +260,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         self._pending_loads[load] = self._link_free_s
 
     def _complete_loads(self, now: float) -> None:
+        if not self._pending_loads:
+            return
         for load, done_s in sorted(self._pending_loads.items(), key=lambda kv: kv[1]):
             if done_s > now:
                 break
