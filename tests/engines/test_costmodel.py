@@ -365,9 +365,10 @@ def _step_cost_by_formula(cost: CostModel, chunks, batch: int, kv_tokens: int) -
 
 
 @pytest.mark.parametrize(("hardware", "model"), [("a6000-tp2", "qwen3-32b"), ("h200", "qwen3-14b")])
-def test_step_cost_gives_the_formulas_floats_bit_for_bit(hardware: str, model: str) -> None:
-    """step_cost takes its constant factors once; every figure is the float the
-    formulas give (simulated times must not move by a last bit)."""
+def test_step_times_give_the_formulas_floats_bit_for_bit(hardware: str, model: str) -> None:
+    """step_cost, step_s, prefill_compute_s and prefill_slack_tokens take their constant
+    factors once; every figure is the float the formulas give (simulated times must not
+    move by a last bit)."""
     import random
 
     cost = CostModel(load_hardware(hardware), load_model(model))
@@ -380,6 +381,14 @@ def test_step_cost_gives_the_formulas_floats_bit_for_bit(hardware: str, model: s
         want = _step_cost_by_formula(cost, chunks, batch, kv_tokens)
         assert (got.flops, got.bytes_per_gpu, got.compute_s, got.memory_s) == want
         assert cost.step_cost(iter(chunks), batch, kv_tokens) == got  # any iterable
+        assert cost.step_s(chunks, batch, kv_tokens) == max(want[2], want[3])
+        if chunks:
+            assert cost.prefill_compute_s(chunks) == _step_cost_by_formula(cost, chunks, 0, 0)[2]
+        if batch:
+            _, _, compute_s, memory_s = _step_cost_by_formula(cost, [], batch, kv_tokens)
+            per_token_s = 2.0 * cost.model.num_params / cost.compute_flops_per_s
+            slack = int(max(0.0, memory_s - compute_s) / per_token_s)
+            assert cost.prefill_slack_tokens(batch, kv_tokens) == slack
     with pytest.raises(ValueError, match=r"prefill_chunks\[1\]: new_tokens must be >= 1"):
         cost.step_cost([(3, 0), (0, 5)], 1, 10)
     with pytest.raises(ValueError, match=r"prefill_chunks\[0\]: cached_tokens must be >= 0"):
