@@ -93,26 +93,34 @@ class _Built(NamedTuple):
 class _Quiet:
     """What one admission call saw, kept when it admitted, rejected and changed nothing.
 
-    Its outcome is a function of the tree (its :attr:`~pbkv.kvmanager.RadixTree.version`
-    says whether it changed), the order entries are tried in, which of them are held
-    back and whether anything runs; with all of these the same, a call would try the
-    same ``tried`` entries and be refused each time again.
+    Its outcome is a function of what the KV manager's refusals read (its
+    :meth:`~pbkv.kvmanager.KVManager.settled_version` and the queue index's version say
+    whether that changed: a chunk commit below a running request's lease does not), the
+    order entries are tried in, which of them are held back, the free batch slots and
+    whether anything runs; with all of these the same, a call would try the same
+    ``tried`` entries and be refused each time again. ``tree_version`` is the tree's
+    version when the call began: the call changed nothing if it is still that.
     """
 
     kv: KVManager
-    version: int
+    settled: int
+    walks: int
+    tree_version: int
     order: list[Waiting]
     held: set[int]
     running: bool
+    free_slots: int
     tried: int = 0
 
     def same_as(self, other: _Quiet | None) -> bool:
         return (
             other is not None
             and other.kv is self.kv
-            and other.version == self.version
+            and other.settled == self.settled
+            and other.walks == self.walks
             and other.running == self.running
-            and other.held == self.held
+            and other.free_slots == self.free_slots
+            and (other.held is self.held or other.held == self.held)
             and _same(other.order, self.order)
         )
 
@@ -181,7 +189,21 @@ class _QueueNotes:
         self._queue: list[Waiting] = []
         self._keys: list[list[int]] = []
 
-    def note(self, kv: KVManager, waiting: Sequence[Waiting], *, ranked: bool = False) -> None:
+    def note(
+        self,
+        kv: KVManager,
+        waiting: Sequence[Waiting],
+        *,
+        ranked: bool = False,
+        snapshot: bool = False,
+    ) -> None:
+        """Do :func:`note_waiting` unless nothing changed since the last call.
+
+        ``snapshot``: ``waiting`` is a scheduler's own list of the queue, never modified,
+        and passed again only while the queue holds those entries unchanged (see
+        :meth:`_RankedScheduler.admit`); it is kept as is, and when the same list comes
+        back its entries' keys are not compared again.
+        """
         if not (ranked or kv.policy.queue_aware):
             return
         index = kv.waiting
@@ -189,11 +211,16 @@ class _QueueNotes:
             kv is self._kv
             and index.version == self._version
             and index.current
-            and _same(waiting, self._queue)
-            and all(map(operator.is_, map(_KEYS, waiting), self._keys))
+            and (
+                (snapshot and waiting is self._queue)
+                or (
+                    _same(waiting, self._queue)
+                    and all(map(operator.is_, map(_KEYS, waiting), self._keys))
+                )
+            )
         ):
             return
-        queue = list(waiting)
+        queue = waiting if snapshot and isinstance(waiting, list) else list(waiting)
         note_waiting(kv, queue, ranked=ranked)
         self._kv, self._version = kv, index.version
         self._queue, self._keys = queue, [e.keys for e in queue]
@@ -270,6 +297,16 @@ class _RankedScheduler:
         """Return ids of entries to hold back while the GPU has other work (none here)."""
         return set()
 
+    def _rank(self, kv: KVManager, queue: list[E]) -> list[E]:
+        """:meth:`rank` of the scheduler's own queue list (never modified); the result
+        is read, not modified."""
+        return self.rank(kv, queue)
+
+    def _deferred(self, kv: KVManager, queue: list[E], prefill_share: float | None) -> set[int]:
+        """:meth:`deferred` of the scheduler's own queue list (never modified); the
+        result is read, not modified."""
+        return self.deferred(kv, queue, prefill_share)
+
     def admit(
         self,
         kv: KVManager,
@@ -283,16 +320,25 @@ class _RankedScheduler:
         retractable: Sequence[R] = (),
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
-        self._notes.note(kv, waiting, ranked=True)
+        # one list of the queue, kept while the queue holds the same entries: an entry's
+        # request and keys change only while it runs (see _forget_gone), so the caches
+        # below that compare it with what they kept compare one object
+        same = _same(waiting, self._queue)
+        queue: list[E] = self._queue if same else list(waiting)  # type: ignore[assignment]
+        self._notes.note(kv, queue, ranked=True, snapshot=True)
         candidates = list(retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
-        held = self.deferred(kv, waiting, prefill_share)
-        queue = list(waiting)
-        if not _same(queue, self._queue):
+        held = self._deferred(kv, queue, prefill_share)
+        if not same:
             self._forget_gone(queue)
         order = self._order(kv, queue)
-        quiet = None if candidates else _Quiet(kv, kv.tree.version, order, held, bool(running))
+        quiet = None
+        if not candidates:
+            settled, walks = kv.settled_version(), kv.waiting.version
+            quiet = _Quiet(
+                kv, settled, walks, kv.tree.version, order, held, bool(running), free_slots
+            )
         if quiet is not None and quiet.same_as(self._quiet):
             assert self._quiet is not None
             kv.count_refusals(self._quiet.tried)  # what trying them again would count
@@ -352,7 +398,11 @@ class _RankedScheduler:
             on_admit(entry, admission)
         kv.count_refusals(skipped)
         self._count_bypasses(queue, held, waiting, admitted)
-        if quiet is not None and len(waiting) == len(queue) and quiet.version == kv.tree.version:
+        if (
+            quiet is not None
+            and len(waiting) == len(queue)
+            and quiet.tree_version == kv.tree.version
+        ):
             quiet.tried = tried  # nothing admitted or rejected, and the tree as it was
         else:
             quiet = None
@@ -361,7 +411,7 @@ class _RankedScheduler:
     def _order(self, kv: KVManager, queue: list[E]) -> list[E]:
         """Return ``queue`` in the order to try it: requests overtaken ``max_bypass``
         times first, in arrival order, then the rest as :meth:`rank` orders them."""
-        ranked = self.rank(kv, queue)
+        ranked = self._rank(kv, queue)
         if max(self._bypassed.values(), default=0) < self.max_bypass:
             return ranked
         starving = [e for e in queue if self._bypassed.get(id(e), 0) >= self.max_bypass]
@@ -510,6 +560,7 @@ class WorkflowScheduler(_RankedScheduler):
         # the active workflows by age, kept until the active set changes
         self._kv: KVManager | None = None
         self._active: list[str] = []
+        self._active_version = -1  # the ScoreBoard.workflows_version _active was read at
         self._by_age: list[str] = []
         self._live: set[str] = set()
         # the last deferred() and rank() answers, reused while nothing they read changed
@@ -568,10 +619,12 @@ class WorkflowScheduler(_RankedScheduler):
         the longest run of workflows, oldest first, whose estimates sum to at most
         ``cohort_fill`` x (GPU + host capacity); never empty.
         """
-        active = kv.scores.active_workflows
-        if kv is not self._kv or active != self._active:  # ages only change with the set
-            self._kv, self._active = kv, active
-            self._by_age = sorted(active, key=kv.scores.ordinal)
+        scores = kv.scores
+        if kv is not self._kv or scores.workflows_version != self._active_version:
+            # ages only change with the set
+            active = scores.active_workflows
+            self._kv, self._active, self._active_version = kv, active, scores.workflows_version
+            self._by_age = sorted(active, key=scores.ordinal)
             self._live = live = set(active)
             self._context_tokens = {w: n for w, n in self._context_tokens.items() if w in live}
         live = self._live
@@ -607,17 +660,19 @@ class WorkflowScheduler(_RankedScheduler):
         its own success, which is no sign that the load has eased. An engine that does
         not measure the share (``None``) keeps the cohort engaged.
         """
+        return set(self._deferred(kv, list(waiting), prefill_share))
+
+    def _deferred(self, kv: KVManager, entries: list[E], prefill_share: float | None) -> set[int]:
         if self.cohort_fill is None:
             return set()
         if prefill_share is not None and not self._engaged:
             self._engaged = prefill_share >= self.engage_share
             if not self._engaged:
                 return set()
-        entries = list(waiting)
         # the cohort reads the active workflows and the queue's prompts, nothing else
         if not (
             kv is self._kv
-            and kv.scores.active_workflows == self._active
+            and kv.scores.workflows_version == self._active_version
             and _same(entries, self._held_for)
         ):
             members = self.cohort(kv, entries)
@@ -629,10 +684,12 @@ class WorkflowScheduler(_RankedScheduler):
             }
         if prefill_share is not None and prefill_share < self.release_share and not self._held:
             self._engaged = False
-        return set(self._held)
+        return self._held
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
-        entries = list(waiting)
+        return list(self._rank(kv, list(waiting)))
+
+    def _rank(self, kv: KVManager, entries: list[E]) -> list[E]:
         index, scores = kv.waiting, kv.scores
         # The ranking reads the queue, its index's cached lengths (current while the
         # index's version stays) and the workflows' ordinals (while their version stays,
@@ -643,7 +700,7 @@ class WorkflowScheduler(_RankedScheduler):
             and scores.ordinals_version == self._ranked_ordinals
             and _same(entries, self._ranked_for)
         ):
-            return list(self._ranked)  # type: ignore[arg-type]
+            return self._ranked  # type: ignore[return-value]
         ordinal = scores.ordinal
         ages = [  # as eviction ranks
             NO_WORKFLOW if (wid := e.request.workflow_id) is None else ordinal(wid) for e in entries
@@ -658,7 +715,7 @@ class WorkflowScheduler(_RankedScheduler):
             and _same(entries, self._ranked_for)
         ):
             self._ranked_ordinals = scores.ordinals_version
-            return list(self._ranked)  # type: ignore[arg-type]
+            return self._ranked  # type: ignore[return-value]
         bs, bands = kv.config.block_size, self.value_bands
         # the index holds every entry's walk when ``indexed``; else walk the tree
         lookup = index.cached_blocks if indexed else kv.queued_cached_blocks
@@ -681,7 +738,7 @@ class WorkflowScheduler(_RankedScheduler):
 
 def _same(a: Sequence[object], b: Sequence[object]) -> bool:
     """Return whether ``a`` and ``b`` hold the same objects in the same order."""
-    return len(a) == len(b) and all(map(operator.is_, a, b))
+    return a is b or (len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def _age(kv: KVManager, entry: Waiting) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -243,8 +242,11 @@ class KVManager:
         self._needs_at = -1
         self._needs: dict[int, _Need] = {}
         self._quick: _QuickRefusals | None = None  # refusals()' last quick tests
+        # settled_version(): bumped when the tree changed other than by settled commits
+        self._settled = 0
+        self._settled_at = -1  # the tree version the count stands for
         # prompt block keys running requests are computing (admitted, not yet committed)
-        self._computing: Counter[int] = Counter()
+        self._computing: dict[int, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
@@ -352,7 +354,9 @@ class KVManager:
             return None
         loads, private = admitted
         matched = match.gpu_blocks + match.host_blocks
-        self._computing.update(request.keys[matched:])
+        computing = self._computing
+        for key in request.keys[matched:]:
+            computing[key] = computing.get(key, 0) + 1
         self._count_admission(request, match.path, match.gpu_blocks, match.host_blocks)
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
@@ -376,6 +380,28 @@ class KVManager:
         Mutates: statistics only (``rejected_admissions``).
         """
         self._counters.rejected_admissions += requests
+
+    def settled_version(self) -> int:
+        """Return a version of everything :meth:`try_admit` (refusing as is),
+        :meth:`refusals` and :meth:`prefix_in_flight` read: equal answers mean these
+        calls answer as they did, for the same requests.
+
+        :attr:`RadixTree.version` moves with every change; this one ignores *settled*
+        commits, those that only hang the request's new blocks as one new leaf below
+        its own lease: the free blocks, the unleased blocks, every candidate and its
+        key and every queued walk stay (a walk the new leaf extends moves the queue's
+        index, and the commit is then not settled); what changes is leased (the new
+        leaf, the prefix's timestamps and scores) or is the request's own in-flight
+        keys, which only a walk the leaf extends could meet. Chunk commits of
+        balanced batches (§7.0) are such, one on each step. Never settled under a
+        ``kvflow`` or ``belady-est`` policy (their trackers read more).
+
+        Mutates: nothing observable (it keeps its count per tree version).
+        """
+        if self.tree.version != self._settled_at:
+            self._settled_at = self.tree.version
+            self._settled += 1
+        return self._settled
 
     def refusals(self, requests: Iterable[AdmitRequest], *, retired_only: bool = False) -> set[int]:
         """Return ``id(request.keys)`` of each of ``requests`` that :meth:`try_admit`
@@ -659,14 +685,24 @@ class KVManager:
                 f"cannot commit {len(keys)} blocks after {admission.committed_blocks} "
                 f"with {len(admission.private_blocks)} reserved"
             )
-        self._computed(admission.request.keys, admission.committed_blocks, len(keys))
+        tree = self.tree
+        settled = tree.version == self._settled_at and self.kvflow is None and self.belady is None
+        free, walks = tree.gpu.num_free, self.waiting.version
         old = admission.lease
-        match = self.tree.insert_below(old.node, keys, admission.private_blocks[:new])
+        match = tree.insert_below(old.node, keys, admission.private_blocks[:new])
+        self._computed(admission.request.keys, admission.committed_blocks, len(keys))
         admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
-        admission.lease = self.tree.lock(match.node)
-        self.tree.unlock(old)
+        admission.lease = tree.lock(match.node)
+        tree.unlock(old)
         admission.committed_blocks = len(keys)
         self._touch_leased(match.path, admission.request)
+        if (
+            settled
+            and _leased_leaf(match.node, old.node, new)
+            and tree.gpu.num_free == free
+            and self.waiting.version == walks
+        ):
+            self._settled_at = tree.version  # nothing an admission reads has moved
         if self.access_log is not None:
             request = admission.request
             admission.logged_ids = self.access_log.insert_extending(
@@ -692,8 +728,10 @@ class KVManager:
         """Stop counting ``keys[start:end]`` as being computed (committed or released)."""
         computing = self._computing
         for key in keys[start:end]:
-            computing[key] -= 1
-            if computing[key] <= 0:
+            left = computing[key] - 1
+            if left:
+                computing[key] = left
+            else:
                 del computing[key]
 
     def prefix_in_flight(self, keys: list[int], namespace: str = "") -> bool:
@@ -868,3 +906,15 @@ class KVManager:
         self.tree.check_integrity()
         self.scores.check_integrity()
         self.waiting.check_integrity()
+
+
+def _leased_leaf(node: Node, lease_node: Node, blocks: int) -> bool:
+    """Return whether a commit's deepest ``node`` is a new GPU-only leaf of ``blocks``
+    keys hung right below ``lease_node`` (not a split or adopted node: those have a
+    host copy or leave the free blocks changed)."""
+    return (
+        node.parent is lease_node
+        and not node.children
+        and node.host_blocks is None
+        and len(node.keys) == blocks
+    )

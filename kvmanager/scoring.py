@@ -541,6 +541,9 @@ class ScoreBoard:
         self.ordinals_version = 0
         """Bumped whenever an ordinal is given or forgotten: while it stays put,
         :meth:`ordinal` returns what it returned before and changes nothing."""
+        self.workflows_version = 0
+        """Bumped whenever a workflow joins or leaves :attr:`active_workflows`: while it
+        stays put, that list is what it was."""
         self.refreshed_nodes = 0
 
     @property
@@ -582,7 +585,9 @@ class ScoreBoard:
         """Register an active workflow (no forecast yet: its weights are zero)."""
         self._ended.pop(workflow_id, None)
         self.ordinal(workflow_id)
-        self._nodes.setdefault(workflow_id, set())
+        if workflow_id not in self._nodes:
+            self._nodes[workflow_id] = set()
+            self.workflows_version += 1
         self._groups.setdefault(workflow_id, {})
         if workflow_id not in self._flows:
             self._flows[workflow_id] = _Flow()
@@ -797,6 +802,8 @@ class ScoreBoard:
         self._groups.pop(workflow_id, None)
         if self._ordinal.pop(workflow_id, None) is not None:
             self.ordinals_version += 1
+        if workflow_id in self._nodes:
+            self.workflows_version += 1
         for node in self._nodes.pop(workflow_id, set()):
             agents = node.accessors.pop(workflow_id, set())
             node.score -= sum(flow.weight(a) for a in agents)
@@ -857,6 +864,8 @@ class ScoreBoard:
     def on_split(self, node: Node, top: Node) -> None:
         """Tree hook: ``top`` was split off above ``node`` and inherits its accessors."""
         for w, agents in top.accessors.items():
+            if w not in self._nodes:
+                self.workflows_version += 1
             self._nodes.setdefault(w, set()).add(top)
             if _join(self._groups.setdefault(w, {}), frozenset(agents), top):
                 self._forget_plan(w)

@@ -34,6 +34,7 @@ cited here.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -43,6 +44,18 @@ import numpy as np
 from .profile import HardwareProfile, ModelProfile
 
 __all__ = ["CostModel", "DecodeRun", "PrefillChunk", "StepCost"]
+
+
+class _Terms(NamedTuple):
+    """:meth:`CostModel.step_cost`'s constant factors: ``2·P``, ``4·L·H·d``, the weight
+    and per-token KV bytes of one GPU, and the achieved rates ``tp·F`` and ``B``."""
+
+    matmul_flops_per_token: float
+    attention_flops_per_pair: float
+    weight_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+    compute_flops_per_s: float
+    memory_bandwidth_bytes_per_s_per_gpu: float
 
 
 class PrefillChunk(NamedTuple):
@@ -234,24 +247,57 @@ class CostModel:
             ValueError: a count is negative, a chunk has no new tokens, or KV tokens are read
                 with no decode batch.
         """
-        chunks = [_chunk(i, chunk) for i, chunk in enumerate(prefill_chunks)]
+        flops, bytes_per_gpu = self._step_work(prefill_chunks, decode_batch, decode_kv_tokens)
+        t = self._terms
+        return StepCost(
+            flops=flops,
+            bytes_per_gpu=bytes_per_gpu,
+            compute_s=flops / t.compute_flops_per_s,
+            memory_s=bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu,
+        )
+
+    def _step_work(
+        self, prefill_chunks: Sequence[tuple[int, int]], decode_batch: int, decode_kv_tokens: int
+    ) -> tuple[float, float]:
+        """Return :meth:`step_cost`'s ``(flops, bytes_per_gpu)``, validating as it says."""
+        if not isinstance(prefill_chunks, (list, tuple)):
+            prefill_chunks = list(prefill_chunks)
         _check_count("decode_batch", decode_batch)
         _check_count("decode_kv_tokens", decode_kv_tokens)
         if decode_batch == 0 and decode_kv_tokens:
             raise ValueError(f"decode_kv_tokens={decode_kv_tokens} with decode_batch=0")
-        if not chunks and decode_batch == 0:
-            return StepCost(flops=0.0, bytes_per_gpu=0.0, compute_s=0.0, memory_s=0.0)
-        flops = self.decode_flops(decode_batch, decode_kv_tokens)
-        flops += sum(self.prefill_flops(c.new_tokens, c.cached_tokens) for c in chunks)
-        kv_tokens = decode_kv_tokens + sum(c.new_tokens + c.cached_tokens for c in chunks)
-        bytes_per_gpu = float(
-            self.weight_bytes_per_gpu + kv_tokens * self.kv_bytes_per_token_per_gpu
+        if not prefill_chunks and decode_batch == 0:
+            return 0.0, 0.0
+        # the formulas of decode_flops, prefill_flops and the roofline rates, with their
+        # constant factors taken once (the same products, so the same floats); a sim
+        # step asks up to three times
+        t = self._terms
+        flops = t.matmul_flops_per_token * decode_batch + t.attention_flops_per_pair * (
+            decode_kv_tokens
         )
-        return StepCost(
-            flops=flops,
-            bytes_per_gpu=bytes_per_gpu,
-            compute_s=flops / self.compute_flops_per_s,
-            memory_s=bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu,
+        kv_tokens = decode_kv_tokens
+        if prefill_chunks:
+            prefill = 0  # sum()'s start: the same additions in the same order
+            for i, (new, cached) in enumerate(prefill_chunks):
+                if new < 1 or cached < 0:
+                    _chunk(i, (new, cached))  # raises
+                pairs = new * cached + new * (new + 1) // 2
+                prefill += t.matmul_flops_per_token * new + t.attention_flops_per_pair * pairs
+                kv_tokens += new + cached
+            flops += prefill
+        return flops, float(t.weight_bytes_per_gpu + kv_tokens * t.kv_bytes_per_token_per_gpu)
+
+    @functools.cached_property
+    def _terms(self) -> _Terms:
+        """The step roofline's constant factors (the profiles are frozen)."""
+        m = self.model
+        return _Terms(
+            matmul_flops_per_token=2.0 * m.num_params,
+            attention_flops_per_pair=4.0 * m.num_layers * m.num_attention_heads * m.head_dim,
+            weight_bytes_per_gpu=self.weight_bytes_per_gpu,
+            kv_bytes_per_token_per_gpu=self.kv_bytes_per_token_per_gpu,
+            compute_flops_per_s=self.compute_flops_per_s,
+            memory_bandwidth_bytes_per_s_per_gpu=self.memory_bandwidth_bytes_per_s_per_gpu,
         )
 
     def step_s(
@@ -261,7 +307,20 @@ class CostModel:
         decode_kv_tokens: int,
     ) -> float:
         """Return the seconds of one continuous-batching step (see ``step_cost``)."""
-        return self.step_cost(prefill_chunks, decode_batch, decode_kv_tokens).step_s
+        flops, bytes_per_gpu = self._step_work(prefill_chunks, decode_batch, decode_kv_tokens)
+        t = self._terms
+        return max(
+            flops / t.compute_flops_per_s, bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
+        )
+
+    def prefill_compute_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
+        """Return the compute seconds of ``prefill_chunks`` alone in a step:
+        ``step_cost(prefill_chunks, 0, 0).compute_s`` (their FLOPs at ``tp·F``).
+
+        Raises:
+            ValueError: as :meth:`step_cost`.
+        """
+        return self._step_work(prefill_chunks, 0, 0)[0] / self._terms.compute_flops_per_s
 
     def prefill_s(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Return the seconds to prefill ``new_tokens`` over ``cached_tokens`` alone in a step.
@@ -299,8 +358,10 @@ class CostModel:
                 raise ValueError(f"decode_kv_tokens={decode_kv_tokens} with decode_batch=0")
             slack_s = self.weight_bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu
         else:
-            cost = self.step_cost([], decode_batch, decode_kv_tokens)
-            slack_s = max(0.0, cost.memory_s - cost.compute_s)
+            flops, bytes_per_gpu = self._step_work((), decode_batch, decode_kv_tokens)
+            t = self._terms
+            memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
+            slack_s = max(0.0, memory_s - flops / t.compute_flops_per_s)
         per_token_s = 2.0 * self.model.num_params / self.compute_flops_per_s
         return int(slack_s / per_token_s)
 

@@ -123,7 +123,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             return
         work = [(n, e.prefill_pos) for e, n in chunks]
         step_s = self.cost.step_s(work, len(decoding), kv_tokens)
-        prefill_s = self.cost.step_cost(work, 0, 0).compute_s if chunks else 0.0
+        prefill_s = self.cost.prefill_compute_s(work) if chunks else 0.0
         self._note_busy(step_s, min(step_s, prefill_s))  # prefill's share of the compute
         if not chunks and not self._waiting:
             self._prefetch(step_s)  # idle space and idle bandwidth only (§5.4)
@@ -260,6 +260,8 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         self._pending_loads[load] = self._link_free_s
 
     def _complete_loads(self, now: float) -> None:
+        if not self._pending_loads:
+            return
         for load, done_s in sorted(self._pending_loads.items(), key=lambda kv: kv[1]):
             if done_s > now:
                 break

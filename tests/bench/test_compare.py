@@ -261,3 +261,50 @@ def test_the_schedulers_shortcuts_leave_every_figure_as_trying_each_request_does
         m.setattr(scheduler, "_same", lambda a, b: False)  # every cache and skip misses
         slow = rows()
     assert fast == slow
+
+
+@pytest.mark.parametrize(
+    ("app", "workflows", "concurrency", "gpu_kv_tokens"),
+    [("hover", 8, 6, 9000), ("financebench", 6, 4, 12000)],
+)
+def test_a_quiet_call_skipped_across_chunk_commits_leaves_every_figure(
+    monkeypatch, app, workflows, concurrency, gpu_kv_tokens
+):
+    """The workflow scheduler skips an admission call that would repeat the last quiet
+    one while only settled chunk commits changed the tree (``KVManager.settled_version``):
+    on contested loads (lru and pbkv on balanced batches) every row's figures are those
+    of the path that runs every call in full, and the skip fires across commits."""
+    from pbkv.bench.report import result_record
+    from pbkv.engines import scheduler
+
+    config = BenchConfig(
+        app=app,
+        policies=("pbkv", "lru:workflow"),
+        workflows=workflows,
+        concurrency=concurrency,
+        gpu_kv_tokens=gpu_kv_tokens,
+        train_workflows=20,
+    )
+
+    def rows() -> list[dict]:
+        results, _ = compare_policies(config)
+        return [{k: v for k, v in result_record(r).items() if k not in ("wall_s", "cpu_s")}
+                for r in results]  # fmt: skip
+
+    same_as = scheduler._Quiet.same_as
+    across = 0
+
+    def counted(self, other):
+        nonlocal across
+        hit = same_as(self, other)
+        across += hit and other.tree_version != self.tree_version  # commits in between
+        return hit
+
+    with monkeypatch.context() as m:
+        m.setattr(scheduler._Quiet, "same_as", counted)
+        fast = rows()
+    assert across > 1000, across
+    with monkeypatch.context() as m:
+        m.setattr(scheduler._Quiet, "same_as", lambda self, other: False)
+        slow = rows()
+    assert fast == slow

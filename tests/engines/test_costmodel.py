@@ -346,3 +346,50 @@ def test_prefill_slack_of_an_empty_batch_fills_one_read_of_the_weights(
         tp2_32b.prefill_slack_tokens(0, 5)
     with pytest.raises(ValueError, match="decode_batch"):
         tp2_32b.prefill_slack_tokens(-1, 0)
+
+
+def _step_cost_by_formula(cost: CostModel, chunks, batch: int, kv_tokens: int) -> tuple:
+    """The step roofline as the module docstring writes it, through the public formulas."""
+    if not chunks and batch == 0:
+        return (0.0, 0.0, 0.0, 0.0)
+    flops = cost.decode_flops(batch, kv_tokens)
+    flops += sum(cost.prefill_flops(n, m) for n, m in chunks)
+    touched = kv_tokens + sum(n + m for n, m in chunks)
+    bytes_per_gpu = float(cost.weight_bytes_per_gpu + touched * cost.kv_bytes_per_token_per_gpu)
+    return (
+        flops,
+        bytes_per_gpu,
+        flops / cost.compute_flops_per_s,
+        bytes_per_gpu / cost.memory_bandwidth_bytes_per_s_per_gpu,
+    )
+
+
+@pytest.mark.parametrize(("hardware", "model"), [("a6000-tp2", "qwen3-32b"), ("h200", "qwen3-14b")])
+def test_step_times_give_the_formulas_floats_bit_for_bit(hardware: str, model: str) -> None:
+    """step_cost, step_s, prefill_compute_s and prefill_slack_tokens take their constant
+    factors once; every figure is the float the formulas give (simulated times must not
+    move by a last bit)."""
+    import random
+
+    cost = CostModel(load_hardware(hardware), load_model(model))
+    rng = random.Random(7)
+    for _ in range(2000):
+        chunks = [(rng.randint(1, 9000), rng.randint(0, 60000)) for _ in range(rng.randint(0, 4))]
+        batch = rng.randint(0, 64)
+        kv_tokens = rng.randint(0, 2_000_000) if batch else 0
+        got = cost.step_cost(chunks, batch, kv_tokens)
+        want = _step_cost_by_formula(cost, chunks, batch, kv_tokens)
+        assert (got.flops, got.bytes_per_gpu, got.compute_s, got.memory_s) == want
+        assert cost.step_cost(iter(chunks), batch, kv_tokens) == got  # any iterable
+        assert cost.step_s(chunks, batch, kv_tokens) == max(want[2], want[3])
+        if chunks:
+            assert cost.prefill_compute_s(chunks) == _step_cost_by_formula(cost, chunks, 0, 0)[2]
+        if batch:
+            _, _, compute_s, memory_s = _step_cost_by_formula(cost, [], batch, kv_tokens)
+            per_token_s = 2.0 * cost.model.num_params / cost.compute_flops_per_s
+            slack = int(max(0.0, memory_s - compute_s) / per_token_s)
+            assert cost.prefill_slack_tokens(batch, kv_tokens) == slack
+    with pytest.raises(ValueError, match=r"prefill_chunks\[1\]: new_tokens must be >= 1"):
+        cost.step_cost([(3, 0), (0, 5)], 1, 10)
+    with pytest.raises(ValueError, match=r"prefill_chunks\[0\]: cached_tokens must be >= 0"):
+        cost.step_cost([PrefillChunk(3, -1)], 0, 0)

@@ -230,3 +230,91 @@ def test_kept_quick_refusals_follow_every_change_between_calls(policy):
                 mgr.note_waiting(queue)
         mgr.check_integrity()
     assert kept > 50  # the kept tests were reused
+
+
+def decisions(mgr: KVManager, queue: list[AdmitRequest]) -> tuple:
+    """Everything a quiet admission call reads of the manager for ``queue``: what
+    ``refusals`` and ``_refused_as_is`` refuse as is (both modes), each request's
+    in-flight hold, and the index's version."""
+    return (
+        mgr.refusals(queue, retired_only=True),
+        one_by_one(mgr, queue, True),
+        one_by_one(mgr, queue, False),
+        [mgr.prefix_in_flight(r.keys, r.namespace) for r in queue],
+        mgr.waiting.version,
+    )
+
+
+def prefilling(mgr: KVManager, rng: random.Random, queue: list[AdmitRequest]) -> list:
+    """Admit a few long requests, some extending a queued prompt, each to be committed
+    chunk by chunk: ``[admission, keys, blocks committed so far]``."""
+    out = []
+    for _ in range(3):
+        stem = list(rng.choice(queue).keys) if rng.random() < 0.7 else [1, 2]
+        keys = stem[: rng.randint(1, len(stem))] + [rng.randint(50, 90) for _ in range(3)]
+        if len(keys) + 1 > mgr.config.gpu_capacity_blocks:
+            continue
+        adm = mgr.try_admit(AdmitRequest(keys, len(keys), 1, "w2", "a"))
+        if adm is None or adm.loads:
+            if adm is not None:
+                mgr.release(adm)
+            continue
+        out.append([adm, keys, adm.committed_blocks])
+    return out
+
+
+@pytest.mark.parametrize("policy", ["lru", "pbkv"])
+def test_a_settled_commit_changes_nothing_a_refusal_reads(policy):
+    """Chunk commits below a request's own lease keep ``settled_version``; whenever it
+    stays, every refusal, in-flight hold and the index answer as before the commit;
+    commits that extend a queued walk or free a duplicate, and every other change, move
+    it."""
+    kept = moved = 0
+    for seed in range(150):
+        mgr, queue, _ = random_state(seed, policy)
+        rng = random.Random(seed)
+        chunks = prefilling(mgr, rng, queue)
+        mgr.note_waiting(queue)
+        for _ in range(12):
+            left = [c for c in chunks if c[2] < len(c[1])]
+            if not left:
+                break
+            chunk = rng.choice(left)
+            adm, keys, done = chunk
+            chunk[2] = done = min(len(keys), done + rng.randint(1, 3))
+            version, before = mgr.settled_version(), decisions(mgr, queue)
+            mgr.commit(adm, keys[:done])
+            if mgr.settled_version() == version:
+                kept += 1
+                assert decisions(mgr, queue) == before, seed
+            else:
+                moved += 1
+            mgr.note_waiting(queue)  # as each admission call begins
+        for adm, _, _ in chunks:
+            version = mgr.settled_version()
+            mgr.release(adm)
+            assert mgr.settled_version() != version  # free blocks and leases change
+        mgr.check_integrity()
+    assert kept > 100 and moved > 25, (kept, moved)  # both kinds of commit were met
+
+
+def test_settled_version_moves_with_every_change_but_a_chunk_below_the_lease(clock):
+    mgr = make_manager(clock, "lru", gpu=16, host=8)
+    adm = mgr.try_admit(AdmitRequest([1, 2, 3, 4, 5, 6], 6, 1, None))
+    version = mgr.settled_version()
+    mgr.commit(adm, [1, 2])
+    mgr.commit(adm, [1, 2, 3, 4])
+    assert mgr.settled_version() == version  # two chunks, each a new leased leaf
+    queued = AdmitRequest([1, 2, 3, 4, 5, 9], 6, 1, None)
+    mgr.note_waiting([queued])
+    assert mgr.settled_version() == version  # syncing the index re-keys nothing (lru)
+    mgr.commit(adm, [1, 2, 3, 4, 5])
+    assert mgr.settled_version() != version  # the chunk extends the queued walk
+    twin = mgr.try_admit(AdmitRequest([1, 2, 3, 4, 5, 6, 7], 7, 1, None))
+    version = mgr.settled_version()
+    mgr.commit(adm, [1, 2, 3, 4, 5, 6])
+    mgr.commit(twin, [1, 2, 3, 4, 5, 6])  # a duplicate block: freed, not a new leaf
+    assert mgr.settled_version() != version
+    version = mgr.settled_version()
+    mgr.tree.reprioritize(adm.lease.node)  # any other change
+    assert mgr.settled_version() != version
