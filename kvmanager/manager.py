@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
-from pbkv.kvmanager.bounds import AccessLog
+from pbkv.kvmanager.bounds import AccessLog, LoggedInsert
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
@@ -112,7 +112,7 @@ class Admission:
         loads: host-to-GPU copies the request must wait for (own and joined).
         private_blocks: GPU blocks reserved for the uncached prompt and the output.
         committed_blocks: prompt blocks inserted into the tree so far.
-        logged_ids: the access log's ids of the keys committed so far (with a log).
+        logged: the access log's record of the latest commit (with a log).
     """
 
     request: AdmitRequest
@@ -124,7 +124,7 @@ class Admission:
     private_blocks: list[int]
     committed_blocks: int = 0
     done: bool = False
-    logged_ids: tuple[int, ...] = ()
+    logged: LoggedInsert | None = None
 
     @property
     def computed_tokens(self) -> int:
@@ -705,8 +705,8 @@ class KVManager:
             self._settled_at = tree.version  # nothing an admission reads has moved
         if self.access_log is not None:
             request = admission.request
-            admission.logged_ids = self.access_log.insert_extending(
-                admission.logged_ids, keys, request.namespace, len(request.keys)
+            admission.logged = self.access_log.insert_extending(
+                admission.logged, keys, request.namespace, len(request.keys)
             )
 
     def release(self, admission: Admission) -> None:

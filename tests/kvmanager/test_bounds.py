@@ -99,7 +99,44 @@ def test_manager_records_accesses_and_commits():
     kv.commit(a, [1, 2, 3, 4])
     kv.release(a)
     b = kv.try_admit(AdmitRequest(keys=[1, 2, 3], prompt_tokens=6, max_new_tokens=1))
-    assert log.events == [(True, (0, 1)), (False, (0, 1)), (False, (0, 1, 2, 3)), (True, (0, 1, 2))]
+    # the first commit's keys were not accessed again before the second re-offered them
+    assert log.events == [(True, (0, 1)), (False, ()), (False, (0, 1, 2, 3)), (True, (0, 1, 2))]
     assert log.produced == {2, 3}
     assert log.prompt_tokens == 11
     assert b.cached_gpu_tokens == 6 == 2 * ceiling_hits(log)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunk_commits_logged_as_extensions_give_the_bounds_of_whole_commits(seed):
+    # requests commit their prompts chunk by chunk while others access the same keys;
+    # the extending log drops re-offered keys, the whole log keeps every commit
+    rng = random.Random(seed)
+    short, whole = AccessLog(1), AccessLog(1)
+    running: dict[int, tuple[list[int], int, object]] = {}
+    prefixes = [[rng.randrange(40) for _ in range(12)] for _ in range(4)]
+    for step in range(300):
+        if rng.random() < 0.3 or not running:
+            keys = prefixes[rng.randrange(4)][: rng.randrange(2, 12)] + [100 + step]
+            for log in (short, whole):
+                log.access(keys, "ns" if step % 7 == 0 else "", len(keys))
+            running[step] = (keys, 0, None)
+            continue
+        rid = rng.choice(list(running))
+        keys, done, logged = running[rid]
+        upto = min(len(keys) + 3, done + rng.randrange(1, 4))  # past the prompt: decoded
+        ns = "ns" if rid % 7 == 0 else ""
+        extended = keys + [1000 + rid * 10 + i for i in range(3)]
+        logged = short.insert_extending(logged, extended[:upto], ns, len(keys))
+        whole.insert(extended[:upto], ns, len(keys))
+        if upto >= len(keys) + 3:
+            del running[rid]
+        else:
+            running[rid] = (keys, upto, logged)
+    assert short.produced == whole.produced
+    assert ceiling_hits(short) == ceiling_hits(whole)
+    dropped = sum(map(len, (k for _, k in whole.events))) - sum(
+        map(len, (k for _, k in short.events))
+    )
+    assert dropped > 100  # the extending log is shorter
+    for capacity in (0, 1, 3, 8, 20, 60, 200):
+        assert min_hits(short, capacity) == min_hits(whole, capacity), capacity
