@@ -394,10 +394,11 @@ class CostModel:
         k = np.asarray(kv_tokens_read, dtype=np.float64)
         if len(k) and k.min() < 0:
             raise ValueError(f"kv_tokens_read must be >= 0, got {k.min():g}")
-        flops = 2.0 * self.model.num_params + self.attention_flops(1) * k
-        bytes_per_gpu = self.weight_bytes_per_gpu + k * self.kv_bytes_per_token_per_gpu
-        compute_s = flops / self.compute_flops_per_s
-        memory_s = bytes_per_gpu / self.memory_bandwidth_bytes_per_s_per_gpu
+        t = self._terms  # the step roofline's factors, as step_cost(-, 1, k) takes them
+        flops = t.matmul_flops_per_token + t.attention_flops_per_pair * k
+        bytes_per_gpu = t.weight_bytes_per_gpu + k * t.kv_bytes_per_token_per_gpu
+        compute_s = flops / t.compute_flops_per_s
+        memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
         return DecodeRun(float(np.maximum(compute_s, memory_s).sum()), float(flops.sum()))
 
     def transfer_s(self, num_bytes: int) -> float:
