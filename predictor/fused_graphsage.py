@@ -70,7 +70,8 @@ class _TrunkTables:
         path: ``(M, H, A)``, the first layer's ``h_path`` weight times the path norm's scale.
         text: ``(M, T, A)`` or ``None``.
         second: ``(M, A, A)``, second_bias ``(M, 1, A)``.
-        heads: ``(M, A, K*(V+1))``, heads_bias ``(M, 1, K*(V+1))``.
+        heads: ``(M, K*(V+1), A)`` (not transposed: the heads run as ``W @ x.T``),
+            heads_bias ``(M, K*(V+1), 1)``.
     """
 
     current: torch.Tensor
@@ -178,13 +179,20 @@ class FusedGraphSage:
             first = self._add_text(first, text, has_text)
         trunk = self._trunk
         hidden = torch.baddbmm(trunk.second_bias, F.gelu(first), trunk.second)
+        # The heads run transposed, (k*(V+1), A) @ (A, B): a product only k*(V+1) columns
+        # wide is several times slower the other way round, and so is a softmax over a
+        # last axis that short.
         columns = self._steps.shape[-1]
-        heads = trunk.heads[..., : horizon * columns]
-        logits = torch.baddbmm(trunk.heads_bias[..., : horizon * columns], F.gelu(hidden), heads)
-        logits = logits.view(len(logits), -1, horizon, columns)
+        wanted = horizon * columns
+        logits = torch.baddbmm(
+            trunk.heads_bias[:, :wanted], trunk.heads[:, :wanted], F.gelu(hidden).transpose(1, 2)
+        ).view(len(hidden), horizon, columns, -1)  # (M, k, V+1, B)
         allowed = self._steps.index_select(0, current[rows])[:, :horizon]  # (B, k, V+1)
-        probs = torch.softmax(logits.masked_fill(~allowed, MASKED_LOGIT), dim=-1)
-        return probs.mean(dim=0) if len(probs) > 1 else probs[0]
+        logits.masked_fill_(~allowed.permute(1, 2, 0), MASKED_LOGIT)
+        probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
+        probs = probs.div_(probs.sum(dim=2, keepdim=True))
+        mean = probs.mean(dim=0) if len(probs) > 1 else probs[0]
+        return mean.permute(2, 0, 1).contiguous()
 
     def _path_part(self, paths: EncodedPaths, current: torch.Tensor) -> torch.Tensor:
         """Return the trunk's first-layer input from ``h_cur`` and ``h_path``, ``(M, U, A)``."""
@@ -245,8 +253,8 @@ class FusedGraphSage:
         projected = F.gelu(F.linear(normed, self._text.weight, self._text.bias))
         members = len(first)
         projected = projected.view(len(vectors), members, -1).transpose(0, 1)  # (M, R, T)
-        if every:
-            return torch.baddbmm(first, projected, self._trunk.text)
+        if every:  # ``first`` is this call's own tensor (an index_select's result)
+            return first.baddbmm_(projected, self._trunk.text)
         return first.index_add(1, chosen, torch.bmm(projected, self._trunk.text))
 
 
@@ -309,8 +317,8 @@ def _trunk_tables(members: list[GraphSageModel]) -> _TrunkTables:
         text.append(w_text.t())
         second.append(second_layer.weight.t())
         second_bias.append(second_layer.bias.view(1, -1))
-        heads.append(torch.cat([head.weight for head in m.heads]).t())
-        heads_bias.append(torch.cat([head.bias for head in m.heads]).view(1, -1))
+        heads.append(torch.cat([head.weight for head in m.heads]))
+        heads_bias.append(torch.cat([head.bias for head in m.heads]).view(-1, 1))
     has_text = members[0].config.text_dim > 0
     return _TrunkTables(
         _stack(current),

@@ -250,7 +250,7 @@ def forecast_matmul_floor_ms(states: int = FORECAST_STATES, repeats: int = 9) ->
 
     Those are the text projection of every member at once (``(B, D) @ (D, M*T)``), then
     per member the text's share of the first trunk layer (``(B, T) @ (T, A)``), the
-    second trunk layer (``(B, A) @ (A, A)``) and the K heads (``(B, A) @ (A, K(|V|+1))``),
+    second trunk layer (``(B, A) @ (A, A)``) and the K heads (``(K(|V|+1), A) @ (A, B)``),
     as :class:`~pbkv.predictor.fused_graphsage.FusedGraphSage` runs them (batched over
     members). The path attention (over distinct paths) and every elementwise step are
     left out, so the figure bounds the forecast from below.
@@ -274,14 +274,14 @@ def forecast_matmul_floor_ms(states: int = FORECAST_STATES, repeats: int = 9) ->
     rand = torch.randn
     x, w_text = rand(states, d), rand(d, m * t)
     p, w_share = rand(m, states, t), rand(m, t, a)
-    h, w_second, w_heads = rand(m, states, a), rand(m, a, a), rand(m, a, heads)
+    h, w_second, w_heads = rand(m, states, a), rand(m, a, a), rand(m, heads, a)
 
     def products() -> None:
         with torch.no_grad():
             torch.mm(x, w_text)
             torch.bmm(p, w_share)
             torch.bmm(h, w_second)
-            torch.bmm(h, w_heads)
+            torch.bmm(w_heads, h.transpose(1, 2))
 
     products()
     return _median_ms(products, repeats)
