@@ -67,7 +67,7 @@ class AgentActor(Actor):
         nursery.cancel_scope.cancel()
 
     async def _generate(self, msg: Invoke, scope: trio.CancelScope) -> None:
-        prompt = tuple(t for segment in msg.segments for t in segment)
+        prompt = tuple(itertools.chain.from_iterable(msg.segments))
         request = GenerateRequest(
             request_id=f"{msg.workflow_id}/{msg.step}/{next(self._ids)}",
             workflow_id=msg.workflow_id,
