@@ -241,7 +241,7 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     """Run every policy of ``config`` (and the bounds, on the sim) with a progress bar;
     print the table."""
     from pbkv.bench.compare import BenchRun, run_bench
-    from pbkv.bench.report import comparison_table, gpu_tier_note
+    from pbkv.bench.report import comparison_table, gpu_tier_note, sim_cost_line
 
     labels = (*config.policies, "uncontested") if engine == "sim" else config.policies
     with _progress(console) as progress:
@@ -268,6 +268,8 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     if engine == "trtllm-sim":
         for line in steering_summary(run.results, runs):
             console.print(line)
+    else:
+        console.print(f"[dim]{sim_cost_line(run.results)}[/dim]")
     return run
 
 

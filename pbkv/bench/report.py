@@ -161,6 +161,19 @@ def gpu_tier_note(run: BenchRun, config: BenchConfig) -> str:
     )
 
 
+def sim_cost_line(results: Sequence[PolicyResult]) -> str:
+    """Say what each row's simulation cost, as this process's CPU seconds
+    (``PolicyResult.cpu_s``), with its ratio to the baseline row's (the first ``lru``
+    row, else the first), so a policy's and a scheduler's cost are read side by side
+    from one run (issue 13 asks pbkv's to stay within 1.5x lru's)."""
+    base = next((r for r in results if r.policy == "lru"), results[0])
+    parts = [
+        f"{r.policy}:{r.scheduler} {r.cpu_s:.2f} s ({ratio_text(r.cpu_s, base.cpu_s)})"
+        for r in results
+    ]
+    return "simulation CPU (ratio to " + f"{base.policy}:{base.scheduler}): " + "; ".join(parts)
+
+
 def result_record(r: PolicyResult, *, timeline: bool = True) -> dict[str, object]:
     """Return one policy result as a JSON-ready mapping (KV statistics included).
 

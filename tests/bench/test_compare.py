@@ -85,6 +85,11 @@ def test_cli_bench_prints_table_and_writes_json(tmp_path, capsys):
     assert payload["gpu_kv_capped"] is False
     assert "GPU KV tier" in text and "ceiling" in text
     assert payload["config"]["workflows"] == 4
+    # the simulation cost of each row, beside lru's, from the same run
+    cost = next(line for line in text.splitlines() if line.startswith("simulation CPU"))
+    lru_s, pbkv_s = (r["cpu_s"] for r in payload["results"])
+    assert f"lru:fcfs {lru_s:.2f} s (1.000x)" in cost
+    assert f"pbkv:workflow {pbkv_s:.2f} s ({pbkv_s / lru_s:.3f}x)" in cost
 
 
 def test_cli_rejects_unknown_names(capsys):
