@@ -1,5 +1,7 @@
 """The folded forecast path gives the modules' own distributions, up to float rounding."""
 
+import concurrent.futures
+
 import numpy as np
 import pytest
 import torch
@@ -122,6 +124,21 @@ def test_a_repeated_path_is_forecast_like_its_first_copy():
     np.testing.assert_allclose(twice[:5], twice[5:], rtol=0, atol=1e-6)  # GEMM rounding by row
     np.testing.assert_allclose(twice[:5], forecaster.forecast(states), rtol=0, atol=1e-6)
     assert np.abs(twice[0] - twice[1]).max() > 1e-3  # distinct states, distinct forecasts
+
+
+def test_reused_scratch_leaks_nothing_between_forecasts_of_any_size():
+    """The fused path reuses its scratch tensors: a forecast after larger and smaller
+    ones, and ones run at once from threads, equals the modules' own."""
+    forecaster = GraphSageForecaster(random_model(CONFIG, 0), AGENTS)
+    batches = [random_states(n, 12, seed=n, text_every=2) for n in (40, 3, 17)]
+    expected = [modules_probabilities(forecaster, states) for states in batches]
+    for _ in range(2):
+        for states, want in zip(batches, expected, strict=True):
+            np.testing.assert_allclose(forecaster.forecast(states), want, rtol=0, atol=1e-5)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(forecaster.forecast, batches * 4))
+    for i, probs in enumerate(got):
+        np.testing.assert_allclose(probs, expected[i % 3], rtol=0, atol=1e-5)
 
 
 def test_changed_weights_are_folded_again():
