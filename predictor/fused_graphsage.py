@@ -24,8 +24,10 @@ changed since (in-place updates bump a tensor's version).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -201,47 +203,45 @@ class FusedGraphSage:
         Shapes:
             -> ``(B, horizon, |V|+1)`` float32, rows summing to 1.
         """
-        # one forecast at a time uses the shared scratch; a concurrent one gets its own
-        own = self._workspace_lock.acquire(blocking=False)
-        try:
-            ws = self._workspace if own else _Workspace()
-            return self._probabilities(ws, paths, rows, text, has_text, horizon)
-        finally:
-            if own:
-                self._workspace_lock.release()
+        with self._scratch() as ws:
+            current = torch.from_numpy(paths.current)
+            part = self._path_part(paths, current)  # (M, U, A)
+            members, _, width = part.shape
+            first = torch.index_select(
+                part, 1, rows, out=ws.take("first", members, len(rows), width)
+            )
+            if self._text is not None and self._trunk.text is not None:
+                self._add_text(ws, first, text, has_text)
+            trunk = self._trunk
+            hidden = ws.take("hidden", members, len(rows), width)
+            torch.baddbmm(trunk.second_bias, _gelu_(first), trunk.second, out=hidden)
+            # The heads run transposed, (k*(V+1), A) @ (A, B): a product only k*(V+1) columns
+            # wide is several times slower the other way round, and so is a softmax over a
+            # last axis that short.
+            columns = self._steps.shape[-1]
+            wanted = horizon * columns
+            logits = torch.baddbmm(
+                trunk.heads_bias[:, :wanted],
+                trunk.heads[:, :wanted],
+                _gelu_(hidden).transpose(1, 2),
+            ).view(members, horizon, columns, -1)  # (M, k, V+1, B)
+            allowed = self._steps.index_select(0, current[rows])[:, :horizon]  # (B, k, V+1)
+            logits.masked_fill_(~allowed.permute(1, 2, 0), MASKED_LOGIT)
+            probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
+            probs = probs.div_(probs.sum(dim=2, keepdim=True))
+            mean = probs.mean(dim=0) if len(probs) > 1 else probs[0]
+            return mean.permute(2, 0, 1).contiguous()
 
-    def _probabilities(
-        self,
-        ws: _Workspace,
-        paths: EncodedPaths,
-        rows: torch.Tensor,
-        text: torch.Tensor,
-        has_text: torch.Tensor,
-        horizon: int,
-    ) -> torch.Tensor:
-        current = torch.from_numpy(paths.current)
-        part = self._path_part(paths, current)  # (M, U, A)
-        members, _, width = part.shape
-        first = torch.index_select(part, 1, rows, out=ws.take("first", members, len(rows), width))
-        if self._text is not None and self._trunk.text is not None:
-            self._add_text(ws, first, text, has_text)
-        trunk = self._trunk
-        hidden = ws.take("hidden", members, len(rows), width)
-        torch.baddbmm(trunk.second_bias, _gelu_(first), trunk.second, out=hidden)
-        # The heads run transposed, (k*(V+1), A) @ (A, B): a product only k*(V+1) columns
-        # wide is several times slower the other way round, and so is a softmax over a
-        # last axis that short.
-        columns = self._steps.shape[-1]
-        wanted = horizon * columns
-        logits = torch.baddbmm(
-            trunk.heads_bias[:, :wanted], trunk.heads[:, :wanted], _gelu_(hidden).transpose(1, 2)
-        ).view(members, horizon, columns, -1)  # (M, k, V+1, B)
-        allowed = self._steps.index_select(0, current[rows])[:, :horizon]  # (B, k, V+1)
-        logits.masked_fill_(~allowed.permute(1, 2, 0), MASKED_LOGIT)
-        probs = logits.sub_(logits.amax(dim=2, keepdim=True)).exp_()
-        probs = probs.div_(probs.sum(dim=2, keepdim=True))
-        mean = probs.mean(dim=0) if len(probs) > 1 else probs[0]
-        return mean.permute(2, 0, 1).contiguous()
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[_Workspace]:
+        """Yield the shared scratch, or fresh scratch while another forecast holds it."""
+        if not self._workspace_lock.acquire(blocking=False):
+            yield _Workspace()
+            return
+        try:
+            yield self._workspace
+        finally:
+            self._workspace_lock.release()
 
     def _path_part(self, paths: EncodedPaths, current: torch.Tensor) -> torch.Tensor:
         """Return the trunk's first-layer input from ``h_cur`` and ``h_path``, ``(M, U, A)``."""
