@@ -409,13 +409,16 @@ class WorkflowSession:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         segments = self._segments(prompt)
-        scripted: tuple[int, ...] = ()
-        if not self.runtime.samples_tokens:
-            scripted = scripted_output(self.runtime.chat, simulated, max_new_tokens)
-            max_new_tokens = len(scripted)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         if prompt_tokens == 0:
             raise ValueError("prompt is empty")
+        scripted: tuple[int, ...] = ()
+        if not self.runtime.samples_tokens:
+            # refuse a reply too long for the context before building it: a client's
+            # max_tokens of 2**31 would otherwise be allocated first
+            self.runtime.chat.check_fits(prompt_tokens, _scripted_floor(simulated, max_new_tokens))
+            scripted = scripted_output(self.runtime.chat, simulated, max_new_tokens)
+            max_new_tokens = len(scripted)
         self.runtime.chat.check_fits(prompt_tokens, max_new_tokens)
         gap_s = simulated.gap_s if simulated is not None and not self.runtime.samples_tokens else 0
         return ReplyStream(
@@ -483,6 +486,15 @@ def scripted_output(
     stop = chat.encode(chat.stop_text)
     filler = max(0, wanted - len(body) - len(stop))
     return body + _filler_ids(chat) * filler + stop
+
+
+def _scripted_floor(simulated: Simulated | None, max_new_tokens: int) -> int:
+    """Return a length :func:`scripted_output` never goes below, without building it."""
+    if simulated is None:
+        return max_new_tokens
+    if simulated.token_ids is not None:
+        return len(simulated.token_ids)
+    return simulated.output_tokens
 
 
 def _filler_ids(chat: ChatFormat) -> tuple[int, ...]:

@@ -120,6 +120,9 @@ async def test_bad_input_is_refused_with_the_field_named(autojump_clock):
             await wf.call("a", chat("x"), max_new_tokens=0)
         with pytest.raises(pbkv.PromptTooLong, match="context length"):
             await wf.call("a", chat("x"), max_new_tokens=10**6)
+        # refused before the sim engine builds the reply (10**12 tokens would not fit)
+        with pytest.raises(pbkv.PromptTooLong, match="context length"):
+            await wf.call("a", chat("x"), max_new_tokens=10**12)
         with pytest.raises(ValueError, match="already open"):
             await rt.open_workflow(wf.workflow_id)
 
