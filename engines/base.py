@@ -23,10 +23,12 @@ class Sampling:
         top_p: nucleus sampling: keep the smallest set of tokens whose probability
             reaches ``top_p`` (``1`` keeps all).
         seed: seeds the request's own generator, so a sampled reply is reproducible;
-            ``None`` draws one from the request id.
+            ``None`` draws one from the request id. In ``[-2**63, 2**64)``, the range
+            ``torch.Generator.manual_seed`` takes.
 
     Raises:
-        ValueError: ``temperature < 0`` or ``top_p`` outside ``(0, 1]``.
+        ValueError: ``temperature < 0``, ``top_p`` outside ``(0, 1]``, or ``seed``
+            outside ``[-2**63, 2**64)``.
     """
 
     temperature: float = 0.0
@@ -38,6 +40,8 @@ class Sampling:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -19,6 +19,7 @@ from msgspec import Meta
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 MaxTokens = Annotated[int, Meta(ge=1)]
+Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # int64: msgspec bounds stop there
 
 
 class TextPart(msgspec.Struct, frozen=True):
@@ -64,7 +65,7 @@ class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     n: Annotated[int, Meta(ge=1)] = 1
-    seed: int | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -235,7 +235,22 @@ async def test_bad_input_gets_openai_style_errors(served: Served):
     assert (stats.calls_in_flight, stats.leases, stats.workflows_active) == (0, 0, 0)
 
 
-async def test_overload_is_answered_429_with_retry_after():
+async def test_a_seed_outside_int64_is_refused_and_the_engine_keeps_serving(served: Served):
+    client = served.client()
+
+    def call(**sampling):
+        return client.chat.completions.create(
+            model="tiny", messages=chat("x"), max_tokens=2, temperature=1.0, **sampling
+        )
+
+    for seed in (2**70, 2**63, -(2**63) - 1, 2**70):  # more than the engine's restart budget
+        with pytest.raises(openai.BadRequestError) as info:
+            await served.run(lambda s=seed: call(seed=s))
+        assert "$.seed" in info.value.message
+    assert (await served.run(lambda: call(seed=-(2**63)))).choices[0].message.content is not None
+    with pytest.raises(ValueError, match="seed must be in"):
+        pbkv.Sampling(seed=2**64)
+
     async with serving(max_batch_size=1, max_queued_requests=0) as served:
         client = served.client()
         holding = trio.Event()
