@@ -8,6 +8,7 @@ scheduler seeded, so the same seed gives the same figures.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -41,6 +42,8 @@ from pbkv.predictor import CallGraph, NoiseForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.predictor.dataset import task_group
 from pbkv.runtime import seed_scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +419,18 @@ def summarise_outcomes(
     )
 
 
+def check_prompts(workload: Sequence[Workflow], app: str) -> None:
+    """Raise ``ValueError`` naming the first step of ``app``'s workload whose prompt is empty
+    (no engine serves one; a user's app can generate one)."""
+    for w in workload:
+        for i, s in enumerate(w.steps):
+            if not s.prompt_tokens:
+                raise ValueError(
+                    f"app {app!r}: workflow {w.workflow_id!r} step {i} (agent {s.agent!r}) "
+                    "has an empty prompt"
+                )
+
+
 def _check_fits(workload: Sequence[Workflow], gpu_kv_tokens: int, block_size: int) -> None:
     largest = max((s.prompt_tokens + s.output_tokens for w in workload for s in w.steps), default=0)
     if -(-largest // block_size) * block_size > gpu_kv_tokens:
@@ -502,6 +517,13 @@ def run_bench(
     if getattr(app, "open_loop", False):  # a trace with arrival times (mooncake)
         config = dataclasses.replace(config, open_loop=True)
     workload = app.generate(config.workflows, config.seed)
+    check_prompts(workload, config.app)
+    if config.open_loop and all(w.arrival_s <= 0 for w in workload):
+        log.warning(
+            "open loop: app %r gives every workflow arrival time 0, so each starts as soon "
+            "as a slot frees, as in closed loop",
+            config.app,
+        )
     forecasters: list[Forecaster] = []
     if any(
         get_policy(resolve_spec(spec, config.scheduler)[0]).uses_forecasts

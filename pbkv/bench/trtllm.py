@@ -26,6 +26,7 @@ from pbkv.bench.compare import (
     PolicyResult,
     _check_fits,
     build_forecasters,
+    check_prompts,
     gpu_tokens_for,
     run_policy,
     summarise_outcomes,
@@ -156,6 +157,7 @@ def compare_trtllm(
 
     app = get_app(config.app)
     workload = app.generate(config.workflows, config.seed)
+    check_prompts(workload, config.app)
     train = app.generate(config.train_workflows, config.seed + 10_000)
     forecasters = build_forecasters(config, app.agents, app.edges, workload, train)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
