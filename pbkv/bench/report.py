@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,8 +33,16 @@ END_COLUMN = "ends"
 
 def ratio_text(value: float, baseline: float) -> str:
     """Return ``value / baseline`` as ``"1.234x"``, or ``"n/a"`` when the baseline is zero
-    (a ratio to nothing; printing ``nanx`` read like a bug)."""
-    return f"{value / baseline:.3f}x" if baseline else "n/a"
+    or either is not a number (no workflow measured; printing ``nanx`` read like a bug)."""
+    if not baseline or math.isnan(value) or math.isnan(baseline):
+        return "n/a"
+    return f"{value / baseline:.3f}x"
+
+
+def figure_text(value: float, digits: int = 2) -> str:
+    """Return ``value`` with ``digits`` decimals, or ``"n/a"`` for ``nan`` (a mean over no
+    measured workflow, e.g. when every one ended in error)."""
+    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
 
 
 def comparison_table(
@@ -84,9 +93,9 @@ def comparison_table(
         (
             f"{r.policy}:{r.scheduler}",
             r.predictor,
-            f"{r.mean_latency_s:.2f}",
-            f"{r.p99_latency_s:.2f}",
-            f"{r.mean_ttft_s:.3f}",
+            figure_text(r.mean_latency_s),
+            figure_text(r.p99_latency_s),
+            figure_text(r.mean_ttft_s, 3),
             f"{100 * r.gpu_hit_rate:.1f}",
             f"{100 * r.total_hit_rate:.1f}",
             f"{r.recomputed_tokens:,}",
