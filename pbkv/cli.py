@@ -44,9 +44,17 @@ def _policies(text: str) -> tuple[str, ...]:
     from pbkv.engines.scheduler import SCHEDULERS
     from pbkv.kvmanager import POLICIES
 
-    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    listed = [p.strip() for p in text.split(",")]
+    if not all(listed):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated policy names, got {text!r} (an empty entry)"
+        )
+    names = tuple(dict.fromkeys(listed))
+    if len(names) < len(listed):
+        twice = sorted({n for n in listed if listed.count(n) > 1})
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed more than once")
     unknown = [n for n in names if n.partition(":")[0] not in POLICIES]
-    if unknown or not names:
+    if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
         )
