@@ -143,7 +143,7 @@ class GraphSageForecaster:
 
         Raises:
             ValueError: a path is empty or names an unknown agent, or a ``hidden`` has
-                the wrong size.
+                the wrong size or a NaN or infinite value.
         """
         if not states:
             return np.zeros((0, self.horizon, len(self.agents) + 1))
@@ -212,12 +212,20 @@ class GraphSageForecaster:
                 chosen = state_text(state.task_text, state.context_tail, self.text_source)
                 if chosen:
                     to_encode.setdefault(chosen, []).append(row)
+        given = (
+            np.concatenate(hidden).reshape(-1, dim) if hidden else np.zeros((0, dim), np.float32)
+        )
+        if not np.isfinite(given).all():
+            row = hidden_rows[int(np.flatnonzero(~np.isfinite(given).all(axis=1))[0])]
+            raise ValueError(
+                f"workflow {states[row].workflow_id!r}: hidden holds a NaN or infinite value"
+            )
         if len(hidden) == len(states):  # the engine gave every state its hidden state
-            return np.concatenate(hidden).reshape(len(states), dim), np.ones(len(states), bool)
+            return given, np.ones(len(states), bool)
         text = np.zeros((len(states), dim), dtype=np.float32)
         has_text = np.zeros(len(states), dtype=bool)
         if hidden:
-            text[hidden_rows], has_text[hidden_rows] = np.concatenate(hidden).reshape(-1, dim), True
+            text[hidden_rows], has_text[hidden_rows] = given, True
         if to_encode and self.text_encoder is not None:
             vectors = self.text_encoder.encode(list(to_encode))
             for vector, rows in zip(vectors, to_encode.values(), strict=True):

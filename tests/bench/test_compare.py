@@ -98,6 +98,51 @@ def test_cli_rejects_unknown_names(capsys):
     assert "known: lru, lae, he, pbkv" in capsys.readouterr().err
     assert main(["bench", "--app", "nope", "--workflows", "2"]) == 2
     assert "known apps" in capsys.readouterr().err
+    for policies, said in [("lru,,pbkv", "an empty entry"), ("lru,pbkv,lru", "lru listed more")]:
+        with pytest.raises(SystemExit):
+            main(["bench", "--policies", policies])
+        assert said in capsys.readouterr().err
+
+
+class _EmptyPromptApp:
+    """codegen, with the second step of every workflow given an empty prompt."""
+
+    def __init__(self):
+        from pbkv.examples import get_app
+
+        self._app = get_app("codegen")
+        self.name, self.agents, self.edges = self._app.name, self._app.agents, self._app.edges
+        self.entry_agents = self._app.entry_agents
+
+    def generate(self, n, seed):
+        def empty(w):
+            steps = list(w.steps)
+            steps[1] = dataclasses.replace(steps[1], segments=())
+            return dataclasses.replace(w, steps=tuple(steps))
+
+        return [empty(w) for w in self._app.generate(n, seed)]
+
+
+def test_an_app_step_with_an_empty_prompt_is_named(capsys):
+    assert main(["bench", "--app", f"{__name__}:_EmptyPromptApp", "--workflows", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "workflow 'codegen-0-0' step 1 (agent" in err and "empty prompt" in err
+
+
+def test_a_table_over_no_measured_workflow_says_n_a():
+    from pbkv.bench.report import figure_text, ratio_text
+
+    nan = float("nan")
+    assert (figure_text(nan), ratio_text(nan, 2.0), ratio_text(2.0, nan)) == ("n/a",) * 3
+    assert (figure_text(1.005, 1), ratio_text(1.0, 4.0)) == ("1.0", "0.250x")
+
+
+def test_open_loop_without_arrival_times_is_warned_about(caplog):
+    from pbkv.bench.compare import run_bench
+
+    config = dataclasses.replace(SMALL, workflows=2, concurrency=2, policies=("lru",))
+    run_bench(dataclasses.replace(config, open_loop=True), bounds=False)
+    assert "gives every workflow arrival time 0" in caplog.text
 
 
 def test_graphsage_predictor_runs_in_the_bench_with_markov_fallback():

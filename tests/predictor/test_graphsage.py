@@ -163,6 +163,11 @@ def test_wrong_inputs_are_rejected(make_record, tmp_path):
     forecaster = GraphSageForecaster(result.model, AGENTS)
     with pytest.raises(ValueError, match="hidden has 3 values, the model takes 8"):
         forecaster.forecast([WorkflowState("w", "demo", ("A",), hidden=np.ones(3))])
+    nan = np.ones(8, np.float32)
+    nan[5] = np.nan
+    ok = WorkflowState("ok", "demo", ("A",), hidden=np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="workflow 'bad': hidden holds a NaN"):
+        forecaster.forecast([ok, WorkflowState("bad", "demo", ("A",), hidden=nan), ok])
     with pytest.raises(ValueError, match="unknown agent 'Z'"):
         forecaster.forecast([WorkflowState("w", "demo", ("Z",))])
     with pytest.raises(ValueError, match="horizon must be 1 to 3"):
