@@ -11,7 +11,7 @@ from pbkv.kvmanager import KVConfig, KVManager, get_policy
 from pbkv.live.chat import ChatFormat, smollm2_chat
 from pbkv.live.session import Runtime, serve_runtime
 from pbkv.predictor.base import Forecaster
-from pbkv.runtime import EventRecorder, now_s
+from pbkv.runtime import EventRecorder, now_s, seed_scheduler
 
 ENGINES = ("sim", "torch")
 SIM_CONTEXT_TOKENS = 32_768
@@ -182,7 +182,9 @@ async def open_runtime(
     """Start pbkv's runtime and yield it; everything stops when the block ends.
 
     ``open_runtime(engine="torch", model="tiny", policy="pbkv")`` is the same as passing
-    ``RuntimeConfig(...)``. Sessions still open at the end are ended ``aborted``.
+    ``RuntimeConfig(...)``. Sessions still open at the end are ended ``aborted``. On
+    the sim engine it seeds trio's task order with ``config.seed``
+    (:func:`~pbkv.runtime.seed_scheduler`, process-wide), so a run's figures repeat.
 
     Args:
         config: what to build (keyword ``overrides`` replace its fields).
@@ -198,6 +200,8 @@ async def open_runtime(
         ActorFailed: an actor failed past its supervision budget.
     """
     config = replace(config or RuntimeConfig(), **overrides)
+    if config.engine == "sim":  # virtual time: same seed, same figures, in every process
+        seed_scheduler(config.seed)
     built = built or build_engine(config)
     in_thread = config.engine == "torch" if predictor_in_thread is None else predictor_in_thread
     async with serve_runtime(

@@ -266,3 +266,24 @@ def test_a_fan_out_app_generates_its_scripts_in_a_trio_run():
     workflows = fan_out_app().generate(2, 0)
     assert [w.end_reason for w in workflows] == ["end", "end"]
     assert [s.agent for s in workflows[0].steps] == ["planner", "reader"]
+
+
+def test_a_sim_runtime_repeats_its_figures_whatever_trios_scheduling_state():
+    """Concurrent workflows on the sim engine give one hit rate however trio's shuffle was
+    seeded before (a fresh process seeds it from the OS): open_runtime seeds it."""
+    import trio._core._run as trio_run
+
+    from pbkv.examples import quickstart_graph
+
+    async def hit_rate() -> float:
+        tasks = [pbkv.LiveTask(f"task-{i}", f"Write fizzbuzz up to {10 * i}.") for i in range(6)]
+        async with pbkv.open_runtime(sim(policy="pbkv")) as rt:
+            await pbkv.serve_app(rt, quickstart_graph.app, tasks, concurrency=3)
+            return rt.statistics().kv.gpu_hit_rate
+
+    rates = []
+    for prior in range(4):
+        trio_run._r.seed(prior)  # as another process would find it
+        trio_run._ALLOW_DETERMINISTIC_SCHEDULING = False
+        rates.append(trio.run(hit_rate, clock=trio.testing.MockClock(autojump_threshold=0)))
+    assert len(set(rates)) == 1, rates
