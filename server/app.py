@@ -133,8 +133,8 @@ class _Responder:
         await self._send(
             {"type": "http.response.start", "status": status, "headers": [content_type, *headers]}
         )
+        self.done = True  # set before the last send: see _watch_disconnect
         await self._send({"type": "http.response.body", "body": body})
-        self.done = True
 
     async def start_events(self, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
         self.status = 200
@@ -150,8 +150,8 @@ class _Responder:
         )
 
     async def end_events(self) -> None:
+        self.done = True  # set before the last send: see _watch_disconnect
         await self._send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-        self.done = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +259,9 @@ class OpenAIApp:
                     try:
                         route, handler = self._route(scope["method"], scope["path"])
                         body = await self._read_body(receive)
-                        nursery.start_soon(self._watch_disconnect, receive, request_scope)
+                        nursery.start_soon(
+                            self._watch_disconnect, receive, request_scope, responder
+                        )
                         await handler(scope, body, responder)
                     except _Disconnected:
                         request_scope.cancel()
@@ -289,11 +291,20 @@ class OpenAIApp:
                 return b"".join(chunks)
 
     @staticmethod
-    async def _watch_disconnect(receive: Receive, request_scope: trio.CancelScope) -> None:
+    async def _watch_disconnect(
+        receive: Receive, request_scope: trio.CancelScope, responder: _Responder
+    ) -> None:
+        """Cancel the request when the client goes away before its response is complete.
+
+        The server also reports ``http.disconnect`` once the last body message is sent
+        (ASGI), which may reach this task while that send is still in progress: then
+        nothing is cancelled (the response is complete), and no disconnect is counted.
+        """
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                request_scope.cancel()
+                if not responder.done:
+                    request_scope.cancel()
                 return
 
     async def _answer_error(self, responder: _Responder, exc: Exception) -> None:

@@ -173,6 +173,17 @@ async def test_a_client_that_disconnects_mid_stream_cancels_its_request(served: 
         stream.close()
         return seen
 
+    def complete_calls() -> None:  # read to the end: not disconnects
+        client.chat.completions.create(model="tiny", messages=chat("Hi."), max_tokens=3)
+        for _ in client.chat.completions.create(
+            model="tiny", messages=chat("Hi."), max_tokens=3, stream=True
+        ):
+            pass
+
+    for _ in range(3):
+        await served.run(complete_calls)
+    await trio.sleep(0.2)
+    assert served.server.app.http.disconnects == 0
     assert await served.run(read_two_chunks_then_leave) == 3
     await _until(lambda: served.server.app.http.disconnects == 1)
     # the withdrawal travels agent actor -> engine; the lease goes at the engine's next step
