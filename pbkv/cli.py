@@ -75,7 +75,7 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         type=_policies,
-        default=d.policies,
+        default=",".join(d.policies),
         help="comma-separated policies (also kvflow, belady-est, pbkv-aggressive); "
         "name:scheduler picks a row's scheduler, e.g. lru:workflow",
     )
@@ -140,8 +140,17 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         default=d.train_workflows,
         help="workflows (another seed) the predictor is fitted on",
     )
-    p.add_argument("--hardware", default=d.hardware, help="hardware profile")
-    p.add_argument("--model", default=d.model, help="model profile")
+    from pbkv.engines.sim.profile import list_profiles
+
+    shipped = list_profiles()
+    p.add_argument(
+        "--hardware",
+        default=d.hardware,
+        help=f"hardware profile: {', '.join(shipped.hardware)} or a TOML file",
+    )
+    p.add_argument(
+        "--model", default=d.model, help=f"model profile: {', '.join(shipped.model)} or a TOML file"
+    )
     p.add_argument(
         "--block-size", type=_positive_int, default=d.block_size, help="tokens per KV block"
     )
@@ -401,7 +410,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=d.model, help="smollm2, tiny or a checkpoint folder")
     p.add_argument(
-        "--policies", type=_policies, default=d.policies, help="comma-separated policies"
+        "--policies", type=_policies, default=",".join(d.policies), help="comma-separated policies"
     )
     p.add_argument("--workflows", type=_positive_int, default=d.workflows, help="tasks served")
     p.add_argument(

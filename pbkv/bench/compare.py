@@ -25,7 +25,7 @@ from pbkv.actors.workload import Workflow
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.floor import latency_floor
-from pbkv.engines.sim.profile import load_hardware, load_model
+from pbkv.engines.sim.profile import list_profiles, load_hardware, load_model
 from pbkv.kvmanager import (
     AccessLog,
     BaselineInputs,
@@ -431,13 +431,27 @@ def check_prompts(workload: Sequence[Workflow], app: str) -> None:
                 )
 
 
-def _check_fits(workload: Sequence[Workflow], gpu_kv_tokens: int, block_size: int) -> None:
+def _check_fits(
+    workload: Sequence[Workflow], gpu_kv_tokens: int, config: BenchConfig, cost: CostModel
+) -> None:
+    """Raise ``ValueError`` when the GPU tier cannot hold the workload's largest request,
+    saying whether ``--gpu-kv-tokens`` or the profile's KV capacity is the limit."""
     largest = max((s.prompt_tokens + s.output_tokens for w in workload for s in w.steps), default=0)
-    if -(-largest // block_size) * block_size > gpu_kv_tokens:
-        raise ValueError(
-            f"GPU KV capacity of {gpu_kv_tokens:,} tokens cannot hold the workload's largest "
-            f"request ({largest:,} prompt + output tokens); raise --gpu-kv-tokens"
-        )
+    if -(-largest // config.block_size) * config.block_size <= gpu_kv_tokens:
+        return
+    capacity = cost.gpu_kv_capacity_tokens
+    shipped = list_profiles()
+    fix = (
+        f"the tier is capped at {config.hardware} x {config.model}'s KV capacity "
+        f"({capacity:,} tokens): pick a profile with more (--hardware, --model; "
+        f"shipped: {', '.join((*shipped.hardware, *shipped.model))})"
+        if gpu_kv_tokens >= capacity
+        else "raise --gpu-kv-tokens"
+    )
+    raise ValueError(
+        f"GPU KV capacity of {gpu_kv_tokens:,} tokens cannot hold the workload's largest "
+        f"request ({largest:,} prompt + output tokens); {fix}"
+    )
 
 
 def build_forecasters(
@@ -534,7 +548,7 @@ def run_bench(
     wanted = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
     cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     gpu_tokens = min(wanted, cost.gpu_kv_capacity_tokens)
-    _check_fits(workload, gpu_tokens, config.block_size)
+    _check_fits(workload, gpu_tokens, config, cost)
     results = []
     for spec in config.policies:
         callback = None if on_outcome is None else (lambda o, p=spec: on_outcome(p, o))

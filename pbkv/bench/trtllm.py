@@ -165,7 +165,7 @@ def compare_trtllm(
         config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency),
         cost.gpu_kv_capacity_tokens,
     )
-    _check_fits(workload, gpu_tokens, config.block_size)
+    _check_fits(workload, gpu_tokens, config, cost)
 
     def callback(mode: str) -> Callable[[WorkflowOutcome], None] | None:
         return None if on_outcome is None else (lambda o: on_outcome(mode, o))
