@@ -401,14 +401,16 @@ def target_rows(sizes: Sizes) -> list[Row]:
     else:
         floor = forecast_matmul_floor_ms(sizes.forecast_states, sizes.forecast_repeats)
         floor_text = f"; {floor:.2f} ms matmul floor" if isinstance(floor, float) else ""
+        full = sizes.forecast_states == FORECAST_STATES  # the target is for that batch
         rows.append(
             Row(
                 name,
                 f"{forecast:.2f} ms",
-                f"≤ {FORECAST_TARGET_MS:.0f} ms",
-                f"{FORECAST_TARGET_MS:.0f} ms (issue 13){floor_text}",
-                f"{forecast / FORECAST_TARGET_MS:.2f}x",
-                forecast <= FORECAST_TARGET_MS,
+                f"≤ {FORECAST_TARGET_MS:.0f} ms"
+                + ("" if full else f" at {FORECAST_STATES:,} states"),
+                f"{FORECAST_TARGET_MS:.0f} ms (target){floor_text}",
+                f"{forecast / FORECAST_TARGET_MS:.2f}x" if full else "-",
+                forecast <= FORECAST_TARGET_MS if full else None,
             )
         )
     return rows
@@ -464,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     rows = target_rows(sizes) + other_rows(sizes)
-    title = "pbkv micro-benchmarks (issue 13 item 7)" + (" --quick" if args.quick else "")
+    title = "pbkv micro-benchmarks: the hot paths" + (" --quick" if args.quick else "")
     Console(width=140).print(render(rows, title))
 
 

@@ -23,6 +23,9 @@ TINY = micro.Sizes(
 
 def test_target_rows_print_value_target_reference_ratio_and_verdict(capsys, monkeypatch):
     monkeypatch.setattr(micro, "forecast_ms", lambda states, repeats: 25.0)  # runs below
+    quick = micro.target_rows(TINY)[2]  # 8 states: no verdict against the 1,024-state target
+    assert (quick.met, quick.ratio, quick.target) == (None, "-", "≤ 20 ms at 1,024 states")
+    monkeypatch.setattr(micro, "FORECAST_STATES", TINY.forecast_states)
     rows = micro.target_rows(TINY)
     assert rows[2].value == "25.00 ms" and rows[2].met is False
     assert "ms matmul floor" in rows[2].reference  # the arithmetic floor, same run
