@@ -56,7 +56,7 @@ def _policies(text: str) -> tuple[str, ...]:
     unknown = [n for n in names if n.partition(":")[0] not in POLICIES]
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}"
+            f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICIES)}"
         )
     bad = [n for n in names if n.partition(":")[2] not in ("", *SCHEDULERS)]
     if bad:

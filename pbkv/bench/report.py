@@ -174,7 +174,7 @@ def sim_cost_line(results: Sequence[PolicyResult]) -> str:
     """Say what each row's simulation cost, as this process's CPU seconds
     (``PolicyResult.cpu_s``), with its ratio to the baseline row's (the first ``lru``
     row, else the first), so a policy's and a scheduler's cost are read side by side
-    from one run (issue 13 asks pbkv's to stay within 1.5x lru's)."""
+    from one run (the target: pbkv's within 1.5x lru's on the same workload)."""
     base = next((r for r in results if r.policy == "lru"), results[0])
     parts = [
         f"{r.policy}:{r.scheduler} {r.cpu_s:.2f} s ({ratio_text(r.cpu_s, base.cpu_s)})"
