@@ -571,6 +571,11 @@ def run_bench(
     return BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found)
 
 
+def baseline_result(results: Sequence[PolicyResult]) -> PolicyResult:
+    """Return the row ratios are taken against: the first ``lru`` row, else the first."""
+    return next((r for r in results if r.policy == "lru"), results[0])
+
+
 def _bounds(
     workload: Sequence[Workflow],
     config: BenchConfig,
@@ -580,7 +585,7 @@ def _bounds(
     """Return the bounds: the rows' ceiling and MIN (of the lru row, else the first), the
     latency floor, and the latency of an uncontested run (a GPU tier that holds every
     token served) for reference."""
-    base = next((r for r in results if r.policy == "lru"), results[0])
+    base = baseline_result(results)
     bs = config.block_size
     everything = sum(s.prompt_tokens + s.output_tokens + bs for w in workload for s in w.steps)
     uncontested = dataclasses.replace(config, host_kv_tokens=0)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from pbkv.bench.compare import PolicyResult  # noqa: E402
+from pbkv.bench.compare import PolicyResult, baseline_result  # noqa: E402
 from pbkv.bench.report import ratio  # noqa: E402
 from pbkv.bench.sweeps import SweepPoint  # noqa: E402
 
@@ -25,7 +25,8 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path, title: str) -> No
     for i, policy in enumerate(policies):
         hits = [100 * p.results[i].gpu_hit_rate for p in points]
         speed = [
-            ratio(_baseline(p.results).mean_latency_s, p.results[i].mean_latency_s) for p in points
+            ratio(baseline_result(p.results).mean_latency_s, p.results[i].mean_latency_s)
+            for p in points
         ]
         ax_hit.plot(xs, hits, marker="o", label=policy)
         ax_speed.plot(xs, speed, marker="o", label=policy)
@@ -33,7 +34,7 @@ def plot_sweep(points: Sequence[SweepPoint], path: str | Path, title: str) -> No
     ax_hit.set(xlabel=parameter, ylabel="GPU hit rate (%)", title="GPU hit rate")
     ax_speed.set(
         xlabel=parameter,
-        ylabel=f"speedup vs {_baseline(points[0].results).policy}",
+        ylabel=f"speedup vs {baseline_result(points[0].results).policy}",
         title="mean workflow latency speedup",
     )
     ax_speed.ticklabel_format(axis="y", useOffset=False)
@@ -68,7 +69,3 @@ def plot_hit_timeline(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def _baseline(results: Sequence[PolicyResult]) -> PolicyResult:
-    return next((r for r in results if r.policy == "lru"), results[0])

@@ -18,6 +18,7 @@ from pbkv.bench.compare import (
     BenchRun,
     Bounds,
     PolicyResult,
+    baseline_result,
 )
 from pbkv.bench.sweeps import SweepPoint
 
@@ -61,7 +62,7 @@ def comparison_table(
     reason: end / recursion_limit / error / aborted. With ``bounds``, a last section
     shows the ceiling, MIN and floor (ratios vs the same baseline).
     """
-    base = next((r for r in results if r.policy == "lru"), results[0])
+    base = baseline_result(results)
     vs = f"{base.policy}:{base.scheduler}"
     caption = f"ratios are relative to {vs}; ends: end/recursion_limit/error/aborted"
     if bounds is not None:
@@ -175,7 +176,7 @@ def sim_cost_line(results: Sequence[PolicyResult]) -> str:
     (``PolicyResult.cpu_s``), with its ratio to the baseline row's (the first ``lru``
     row, else the first), so a policy's and a scheduler's cost are read side by side
     from one run (the target: pbkv's within 1.5x lru's on the same workload)."""
-    base = next((r for r in results if r.policy == "lru"), results[0])
+    base = baseline_result(results)
     parts = [
         f"{r.policy}:{r.scheduler} {r.cpu_s:.2f} s ({ratio_text(r.cpu_s, base.cpu_s)})"
         for r in results
