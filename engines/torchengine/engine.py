@@ -278,7 +278,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         started = now_s()
         self._executing = True
         try:
-            done = await trio.to_thread.run_sync(self._execute, plan)
+            done, failed = await trio.to_thread.run_sync(self._execute, plan)
         except BaseException as exc:
             self._executing = False
             stopped = isinstance(exc, trio.Cancelled)
@@ -294,6 +294,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 item.done = done
         if plan.decodes and not plan.prefills:
             self._decode_step_s = 0.8 * self._decode_step_s + 0.2 * (now_s() - started)
+        if failed:
+            plan = self._fail_requests(plan, failed)
         self._apply(plan)
         self._reap_cancelled()  # after _apply: what they computed is committed first
         self._counters.steps += 1
@@ -404,6 +406,26 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         entry.cache = None
         super()._fail(entry, error)
 
+    def _fail_requests(self, plan: _StepPlan, failed: dict[_Entry, Exception]) -> _StepPlan:
+        """Fail the requests whose own work raised in the step; return the plan without them.
+
+        Each fails alone with :class:`EngineError` (its lease and reservation released,
+        what it committed before kept), so one request's fault costs neither the rest of
+        the batch nor the engine's restart budget (see :meth:`_execute`).
+        """
+        for entry, exc in failed.items():
+            log.warning("request %s failed in a step: %r", entry.request.request_id, exc)
+            if entry in self._running:
+                self._running.remove(entry)
+            if not entry.done.is_set():
+                message = f"request {entry.asked.request_id}: {type(exc).__name__}: {exc}"
+                self._fail(entry, EngineError(message))
+        return _StepPlan(
+            plan.copies,
+            [c for c in plan.prefills if c.entry not in failed],
+            [e for e in plan.decodes if e not in failed],
+        )
+
     def _abandon_loads(self) -> None:
         # Copies already issued on the copy stream will land in their blocks whatever
         # happens: wait for them and mark them resident, so no block is handed out again
@@ -490,45 +512,98 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     # -- the worker thread: copies and model ---------------------------------------------
 
-    def _execute(self, plan: _StepPlan) -> CopyDone:
-        """Run one step's copies (in queue order), prefill chunks and decode tokens."""
+    def _execute(self, plan: _StepPlan) -> tuple[CopyDone, dict[_Entry, Exception]]:
+        """Run one step's copies (in queue order), prefill chunks and decode tokens.
+
+        Returns the copies' completion and the requests whose own work raised, with the
+        error: a prefill chunk's forward, a decode row's forward (a batched decode that
+        raises is run again row by row to find it), or sampling. These fail alone.
+
+        Raises:
+            Exception: the copies failed, or every request's forward in the step did
+                (nothing ran: the engine, not a request, is at fault), so the step fails
+                as a whole.
+        """
+        failed: dict[_Entry, Exception] = {}
         with torch.inference_mode():
             t0 = time.perf_counter()
             done = self.pools.copy(plan.copies) if plan.copies else CopyDone(None)
             t1 = time.perf_counter()
+            ran = 0
             for chunk in plan.prefills:
-                self._prefill(chunk)
+                try:
+                    hidden = self._prefill(chunk)
+                except Exception as exc:
+                    failed[chunk.entry] = exc
+                    continue
+                ran += 1
+                if hidden is not None:
+                    self._emit_or_fail(chunk.entry, hidden, failed)
             t2 = time.perf_counter()
             if plan.decodes:
-                self._decode(plan.decodes)
+                ran += self._decode(plan.decodes, failed)
             t3 = time.perf_counter()
+        if failed and not ran:
+            raise next(iter(failed.values()))
         self._counters.copy_s += t1 - t0
         self._counters.prefill_s += t2 - t1
         self._counters.decode_s += t3 - t2
-        return done
+        return done, failed
 
-    def _prefill(self, chunk: _Chunk) -> None:
+    def _prefill(self, chunk: _Chunk) -> torch.Tensor | None:
+        """Run one prefill chunk; return the last prompt token's hidden state once the
+        prompt is done (the caller samples the first token from it), else ``None``."""
         entry = chunk.entry
         if entry.cache is None:
             entry.cache = self._cache_from(chunk.prefix_blocks, entry.pos)
         ids = entry.request.prompt_token_ids[entry.pos : entry.pos + chunk.tokens]
         hidden = self._forward(ids, entry.cache)
         entry.pos += chunk.tokens
-        if entry.prefilled:
-            self._store_upto(entry, entry.prompt_tokens)
-            if entry.hidden is None:  # a resumption keeps its prompt's
-                entry.hidden = hidden.float().cpu().numpy()
-            self._emit(entry, hidden)
+        if not entry.prefilled:
+            return None
+        self._store_upto(entry, entry.prompt_tokens)
+        if entry.hidden is None:  # a resumption keeps its prompt's
+            entry.hidden = hidden.float().cpu().numpy()
+        return hidden
 
-    def _decode(self, entries: list[_Entry]) -> None:
-        """Generate one token for each of ``entries``: one batched forward when several."""
-        if len(entries) == 1:
-            entry = entries[0]
-            self._emit(entry, self._forward((entry.output[-1],), entry.cache))
-            return
-        hidden = self._forward_batch(entries)
-        for entry, h in zip(entries, hidden, strict=True):
-            self._emit(entry, h)
+    def _decode(self, entries: list[_Entry], failed: dict[_Entry, Exception]) -> int:
+        """Generate one token for each of ``entries``: one batched forward when several.
+
+        A batched forward that raises changed no request's cache; each request is then
+        run alone, and those whose own forward raises join ``failed``. Returns how many
+        forwards ran.
+        """
+        if len(entries) > 1:
+            try:
+                hidden, batch = self._forward_batch(entries)
+            except Exception as exc:
+                log.warning(
+                    "a batched decode of %d failed (%r): decoding each alone", len(entries), exc
+                )
+            else:
+                self._append_batch_kv(entries, batch)
+                for entry, h in zip(entries, hidden, strict=True):
+                    self._emit_or_fail(entry, h, failed)
+                return len(entries)
+        ran = 0
+        for entry in entries:
+            try:
+                h = self._forward((entry.output[-1],), entry.cache)
+            except Exception as exc:
+                failed[entry] = exc
+                continue
+            ran += 1
+            self._emit_or_fail(entry, h, failed)
+        return ran
+
+    def _emit_or_fail(
+        self, entry: _Entry, hidden: torch.Tensor, failed: dict[_Entry, Exception]
+    ) -> None:
+        """:meth:`_emit`; a request whose sampling raises joins ``failed``."""
+        try:
+            self._emit(entry, hidden)
+        except Exception as exc:
+            failed[entry] = exc
 
     def _emit(self, entry: _Entry, hidden: torch.Tensor) -> None:
         """Append the token sampled after ``hidden``; store the output's full blocks at the end."""
@@ -553,7 +628,10 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 digest = hashlib.blake2b(entry.request.request_id.encode(), digest_size=8)
                 seed = int.from_bytes(digest.digest())
             entry.generator = torch.Generator(device="cpu").manual_seed(seed)
-        probs = torch.softmax(logits.float().cpu() / sampling.temperature, dim=-1)
+        logits = logits.float().cpu()
+        # shifted so the largest is 0: a tiny temperature sends the rest to -inf, never
+        # the largest to inf (inf / inf is nan)
+        probs = torch.softmax((logits - logits.max()) / sampling.temperature, dim=-1)
         if sampling.top_p < 1:
             sorted_probs, order = probs.sort(descending=True)
             keep = sorted_probs.cumsum(0) - sorted_probs < sampling.top_p
@@ -570,12 +648,13 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         out = self._decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: cache})
         return out.last_hidden_state[0, -1]
 
-    def _forward_batch(self, entries: list[_Entry]) -> torch.Tensor:
-        """Feed each entry's last token in one forward over left-padded past KV, then
-        append each row's new KV to the entry's own cache.
+    def _forward_batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, object]:
+        """Feed each entry's last token in one forward over left-padded copies of their
+        past KV (their own caches are not touched; :meth:`_append_batch_kv` extends them).
 
         Shapes:
-            return: ``(len(entries), d_model)``.
+            return: the last hidden states ``(len(entries), d_model)`` and the batch's
+            ``DynamicCache``.
         """
         from transformers import DynamicCache
 
@@ -607,12 +686,15 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             use_cache=True,
             **{self._cache_kwarg: batch},
         )
+        return out.last_hidden_state[:, -1], batch
+
+    def _append_batch_kv(self, entries: list[_Entry], batch: object) -> None:
+        """Append each row's new KV in ``batch`` to its entry's own cache."""
         for layer, (keys, values) in enumerate(_cache_layers(batch)):
             for row, entry in enumerate(entries):
                 entry.cache.update(
                     keys[row : row + 1, :, -1:], values[row : row + 1, :, -1:], layer
                 )
-        return out.last_hidden_state[:, -1]
 
     def _cache_from(self, blocks: Sequence[int], tokens: int) -> object:
         from transformers import DynamicCache

@@ -317,6 +317,89 @@ async def test_bad_requests_raise_and_the_engine_keeps_serving(tiny: torch.nn.Mo
     kv.check_integrity()
 
 
+async def test_a_tiny_temperature_samples_the_argmax_instead_of_failing(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny)
+    prompt = random_prompt(19, seed=41)
+    async with running(engine):
+        cold = await engine.generate(request("cold", prompt, 4, sampling=Sampling(1e-45)))
+    assert cold.output_token_ids == reference(tiny, prompt, 4)[0]  # logits / 1e-45: inf
+
+
+async def serve_beside_a_failing_request(
+    model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, *, fail_in: str
+) -> tuple[TorchEngine, dict[str, GenerateResult | BaseException], dict[str, tuple[int, ...]]]:
+    """Serve "good" and "bad" together (their decodes batch), the bad one's own work
+    raising in ``fail_in`` ("sample" or "forward") from its third token on; then "after"."""
+    kv, engine = make_engine(model)
+    prompts = {rid: random_prompt(14 + i, seed=50 + i) for i, rid in enumerate(("good", "bad"))}
+    prompts["after"] = random_prompt(9, seed=52)
+    outcomes: dict[str, GenerateResult | BaseException] = {}
+
+    def is_bad(entry) -> bool:
+        return entry.request.request_id == "bad" and len(entry.output) >= 2
+
+    if fail_in == "sample":
+        sample = engine._sample
+
+        def failing_sample(entry, logits):
+            if is_bad(entry):
+                raise RuntimeError("probability tensor contains nan")
+            return sample(entry, logits)
+
+        monkeypatch.setattr(engine, "_sample", failing_sample)
+    else:
+        forward, forward_batch = engine._forward, engine._forward_batch
+
+        def bad_cache(cache) -> bool:
+            return any(e.cache is cache and is_bad(e) for e in engine._running)
+
+        def failing_forward(token_ids, cache):
+            if bad_cache(cache):
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return forward(token_ids, cache)
+
+        def failing_forward_batch(entries):
+            if any(bad_cache(e.cache) for e in entries):
+                raise RuntimeError("CUDA error: device-side assert triggered")
+            return forward_batch(entries)
+
+        monkeypatch.setattr(engine, "_forward", failing_forward)
+        monkeypatch.setattr(engine, "_forward_batch", failing_forward_batch)
+
+    async def one(rid: str) -> None:
+        try:
+            outcomes[rid] = await engine.generate(request(rid, prompts[rid], new=8))
+        except EngineError as exc:
+            outcomes[rid] = exc
+
+    async with running(engine):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "good")
+            nursery.start_soon(one, "bad")
+        await one("after")
+    kv.check_integrity()
+    assert kv.tree.lease_count() == 0 and kv.tree.private_blocks("gpu") == 0
+    return engine, outcomes, prompts
+
+
+@pytest.mark.parametrize("fail_in", ["sample", "forward"])
+async def test_a_request_whose_own_work_raises_fails_alone(
+    tiny: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, fail_in: str
+) -> None:
+    engine, outcomes, prompts = await serve_beside_a_failing_request(
+        tiny, monkeypatch, fail_in=fail_in
+    )
+    assert isinstance(outcomes["bad"], EngineError)
+    assert str(outcomes["bad"]).startswith("request bad: RuntimeError: ")
+    for rid in ("good", "after"):  # the batch it shared and the engine carried on, exactly
+        result = outcomes[rid]
+        assert isinstance(result, GenerateResult), result
+        assert result.output_token_ids == reference(tiny, prompts[rid], 8)[0]
+    assert engine.statistics().decode_forwards > 0
+
+
 async def test_a_caller_cancelled_mid_prefill_takes_its_request_out(
     tiny: torch.nn.Module,
 ) -> None:
