@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.bench.compare import BenchConfig, Bounds, PolicyResult, gpu_tokens_for, run_bench
@@ -59,7 +59,8 @@ def sweep(
         config = dataclasses.replace(config, gpu_kv_tokens=_fixed_gpu_tokens(config, values))
     points = []
     for value in values:
-        point_config = dataclasses.replace(config, **{parameter: _typed(parameter, value)})
+        changes: dict[str, Any] = {parameter: _typed(parameter, value)}  # one field, typed
+        point_config = dataclasses.replace(config, **changes)
         callback = None if on_outcome is None else (lambda p, o, v=value: on_outcome(v, p, o))
         run = run_bench(point_config, on_outcome=callback)
         points.append(
