@@ -339,7 +339,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_sweep)
 
 
-_SWEEP_DEFAULTS = {
+_SWEEP_DEFAULTS: dict[str, list[float]] = {
     "concurrency": [2, 4, 8, 16, 32],
     "horizon": [1, 2, 3, 4, 5],
     "noise": [0.0, 0.1, 0.2, 0.3, 0.5],

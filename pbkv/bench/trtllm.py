@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 import trio.testing
@@ -37,6 +38,9 @@ from pbkv.engines.sim.profile import load_hardware, load_model
 from pbkv.kvmanager import KVStatistics
 from pbkv.runtime import seed_scheduler
 
+if TYPE_CHECKING:  # the adapter is imported only where a trtllm row runs
+    from pbkv.engines.trtllm.engine import TrtllmStatistics
+
 #: Rows of the trtllm-sim comparison, in print order.
 TRTLLM_MODES = ("trtllm-default", "pbkv-steered", "pbkv-owned")
 
@@ -46,7 +50,7 @@ class TrtllmRun:
     """One TensorRT-LLM row: the summary and what the adapter and fake did."""
 
     result: PolicyResult
-    adapter: object
+    adapter: TrtllmStatistics
     fake: object
 
 
@@ -216,7 +220,7 @@ def steering_summary(results: Sequence[PolicyResult], runs: Sequence[TrtllmRun])
         f"steering loss vs pbkv owning the cache: {versus(steered, owned)}",
     ]
     for label, run in zip(("trtllm-default", "pbkv-steered"), runs, strict=True):
-        a, m = run.adapter, run.adapter.mirror  # type: ignore[attr-defined]
+        a, m = run.adapter, run.adapter.mirror
         lines.append(
             f"{label}: {a.retention_configs} retention configs, touches "
             f"{a.touches_demote} demote / {a.touches_prefetch} prefetch "
