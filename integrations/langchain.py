@@ -7,8 +7,11 @@ Needs ``langchain-openai`` (the ``serve`` extra). A LangGraph app changes one li
 
 and every call made inside a node then carries ``{"pbkv": {"workflow_id": thread_id,
 "agent": node}}`` in its body (LangGraph's ``thread_id`` and ``langgraph_node`` run
-metadata, read from the callback manager the model is called with). Hints already in
-``extra_body`` win; calls outside a graph carry none (one-request workflows).
+metadata, read from the callback manager the model is called with; LangChain streams
+(``llm.stream``, and ``invoke`` under ``graph.stream(stream_mode="messages")``) call the
+model without one, and then the metadata is read from the run config LangChain keeps for
+the code running now, ``ensure_config()``). Hints already in ``extra_body`` win; calls
+outside a graph carry none (one-request workflows).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from langchain_core.runnables.config import ensure_config
 from langchain_openai import ChatOpenAI
 
 from pbkv.integrations.hints import langgraph_hints
@@ -25,7 +29,10 @@ class ChatPBKV(ChatOpenAI):
     """``ChatOpenAI`` that adds pbkv workflow hints from the LangGraph run metadata."""
 
     def _with_hints(self, run_manager: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-        hints = langgraph_hints(getattr(run_manager, "metadata", None) or {})
+        metadata = getattr(run_manager, "metadata", None)
+        if run_manager is None:  # langchain_core's stream paths pass none
+            metadata = ensure_config().get("metadata")
+        hints = langgraph_hints(metadata or {})
         if not hints:
             return kwargs
         extra = {**(self.extra_body or {}), **(kwargs.get("extra_body") or {})}

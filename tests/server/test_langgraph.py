@@ -102,3 +102,58 @@ async def test_langgraph_threads_are_workflows_and_nodes_are_agents(served: Serv
     ]
     assert (records["thread-a"].requests, records["thread-b"].requests) == (7, 3)
     assert stats.kv.cached_gpu_tokens > 0  # later nodes reuse the thread's shared prefix
+
+
+async def test_streamed_calls_in_a_graph_carry_the_thread_and_node(served: Served):
+    # langchain_core calls the model's _stream/_astream without a callback manager: the
+    # hints come from the run config of the node instead
+    import asyncio
+
+    llm = chat_model(
+        base_url=served.server.address.base_url,
+        model="tiny",
+        temperature=0,
+        max_tokens=3,
+        max_retries=0,
+        timeout=60,
+    )
+
+    def one_node(name: str, node) -> object:
+        graph = StateGraph(State)
+        graph.add_node(name, node)
+        graph.add_edge(START, name)
+        graph.add_edge(name, END)
+        return graph.compile()
+
+    def streams(state: State) -> dict:  # llm.stream inside a node
+        text = "".join(str(c.content) for c in llm.stream([HumanMessage(state["task"])]))
+        return {"transcript": [text]}
+
+    async def astreams(state: State) -> dict:  # llm.astream inside a node
+        chunks = [c async for c in llm.astream([HumanMessage(state["task"])])]
+        return {"transcript": ["".join(str(c.content) for c in chunks)]}
+
+    async def invokes(state: State) -> dict:  # ainvoke, streamed by stream_mode="messages"
+        return {"transcript": [str((await llm.ainvoke([HumanMessage(state["task"])])).content)]}
+
+    def run() -> None:
+        state = {"task": "Sort numbers.", "failures_left": 0, "transcript": []}
+        one_node("streamer", streams).invoke(state, {"configurable": {"thread_id": "t-stream"}})
+
+        async def run_async() -> None:
+            graph = one_node("astreamer", astreams)
+            await graph.ainvoke(state, {"configurable": {"thread_id": "t-astream"}})
+            graph = one_node("invoker", invokes)
+            config = {"configurable": {"thread_id": "t-messages"}}
+            async for _ in graph.astream(state, config, stream_mode="messages"):
+                pass
+
+        asyncio.run(run_async())
+
+    await served.run(run)
+    records = {r.workflow_id: r.agents for r in served.server.sessions.records()}
+    assert records == {
+        "t-stream": ["streamer"],
+        "t-astream": ["astreamer"],
+        "t-messages": ["invoker"],
+    }
