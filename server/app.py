@@ -467,7 +467,7 @@ class OpenAIApp:
         generation = self._generation(endpoint, request, prompt, budget)
         hints = self._hints(scope, request)
         async with self._sessions.workflow(hints) as lease:
-            headers = [(b"x-pbkv-workflow-id", lease.workflow.workflow_id.encode())]
+            headers = [(b"x-pbkv-workflow-id", lease.workflow_id.encode())]
             if generation.stream:
                 await self._stream(lease, hints.agent, generation, responder, headers)
             else:

@@ -5,7 +5,11 @@ It ends ("end") after a request marked final, once no request of it is in flight
 when it has been idle for ``idle_timeout_s`` (its cache is then retired, as for any
 ended workflow, §4). A request without a workflow id is a one-request workflow: opened
 for it and ended after it ("end"; "aborted" when it failed or was cancelled).
-Workflow ids are per tenant: the same id under two tenants names two workflows.
+Workflow ids are per tenant: the same id under two tenants names two workflows. The live
+workflow's id (``live_id``, what the runtime, the KV manager and its statistics call it) is
+``tenant/id``, or the id for the default tenant, made unique with ``#n`` when that is taken:
+by another tenant's id (``cache_salt`` ``A`` with id ``x`` against id ``A/x``), or by the
+same id's previous workflow, still finishing a request after one marked final.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ _END_TIMEOUT_S = 30.0  # bound on ending a workflow from a cancelled or closing 
 class WorkflowRecord(msgspec.Struct):
     """What the server saw of one workflow: its agents in call order, requests, state.
 
-    ``state``: ``active``, ``final`` (ended after a request marked final), ``idle`` (retired
-    by the idle timeout), ``single`` (a one-request workflow), ``closed`` (open at shutdown).
+    ``workflow_id`` is the client's (``req-N`` for a one-request workflow), ``live_id`` the
+    live workflow's (see the module docstring). ``state``: ``active``, ``final`` (ended
+    after a request marked final), ``idle`` (retired by the idle timeout), ``single`` (a
+    one-request workflow), ``closed`` (open at shutdown).
     """
 
     workflow_id: str
@@ -43,6 +49,7 @@ class WorkflowRecord(msgspec.Struct):
     agents: list[str] = msgspec.field(default_factory=list)
     requests: int = 0
     state: str = "active"
+    live_id: str = ""
 
 
 class SessionStatistics(msgspec.Struct, frozen=True):
@@ -58,10 +65,12 @@ class SessionStatistics(msgspec.Struct, frozen=True):
 
 
 class Lease(NamedTuple):
-    """One request's hold on its workflow: the live workflow, and how to settle it."""
+    """One request's hold on its workflow: the live workflow, how to settle it, and the
+    workflow id the client knows it by (``x-pbkv-workflow-id``)."""
 
     workflow: Any  # pbkv.live.WorkflowSession
     settle: Callable[[], Awaitable[None]]
+    workflow_id: str
 
 
 async def _shielded(ending: Awaitable[None]) -> None:
@@ -111,9 +120,11 @@ class SessionRegistry:
         self._max_sessions = max_sessions
         self._sessions: dict[tuple[str, str], _Session] = {}
         self._open_lock = trio.Lock()
-        self._records: collections.OrderedDict[str, WorkflowRecord] = collections.OrderedDict()
+        # by opening serial: an id reopened after its workflow ended is a second record
+        self._records: collections.OrderedDict[int, WorkflowRecord] = collections.OrderedDict()
         self._recent = recent_workflows
-        self._serial = itertools.count(1)
+        self._serial = itertools.count(1)  # one-request workflows' ids
+        self._opening = itertools.count(1)  # records' keys, live ids' suffixes
         self._in_flight = 0
         self._opened = self._ended_final = self._ended_idle = self._single = 0
 
@@ -151,13 +162,15 @@ class SessionRegistry:
         )
         self._opened += 1
         self._single += 1
-        self._remember(WorkflowRecord(workflow_id, hints.tenant, [hints.agent], 1, "single"))
+        record = WorkflowRecord(workflow_id, hints.tenant, [hints.agent], 1, "single")
+        record.live_id = workflow_id
+        self._remember(record)
 
         async def settle() -> None:
             await _shielded(wf.end("end"))
 
         try:
-            yield Lease(wf, settle)
+            yield Lease(wf, settle, workflow_id)
         finally:
             await _shielded(wf.end("aborted"))  # a no-op once settled: end is idempotent
 
@@ -181,7 +194,7 @@ class SessionRegistry:
                 await self._end(session, "end")
 
         try:
-            yield Lease(session.workflow, settle)
+            yield Lease(session.workflow, settle, session.record.workflow_id)
         finally:
             session.in_flight -= 1
             session.last_used_s = now_s()
@@ -201,11 +214,16 @@ class SessionRegistry:
                 return session
             if len(self._sessions) >= self._max_sessions:
                 await self._evict_one()
-            live_id = f"{hints.tenant}/{hints.workflow_id}" if hints.tenant else hints.workflow_id
+            wid = hints.workflow_id
+            assert wid is not None
+            base = f"{hints.tenant}/{wid}" if hints.tenant else wid
+            live_id, taken = base, set(self._runtime.active_workflows())
+            while live_id in taken:
+                live_id = f"{base}#{next(self._opening)}"
             wf = await self._runtime.open_workflow(
                 workflow_id=live_id, app=APP, tenant=hints.tenant
             )
-            record = WorkflowRecord(live_id, hints.tenant)
+            record = WorkflowRecord(wid, hints.tenant, live_id=live_id)
             session = _Session(wf, record, last_used_s=now_s())
             self._sessions[key] = session
             self._opened += 1
@@ -240,12 +258,11 @@ class SessionRegistry:
             await session.workflow.end(reason)
         if scope.cancelled_caught:
             log.warning(
-                "workflow %s did not end within %ss", session.record.workflow_id, _END_TIMEOUT_S
+                "workflow %s did not end within %ss", session.record.live_id, _END_TIMEOUT_S
             )
 
     def _remember(self, record: WorkflowRecord) -> None:
-        self._records[record.workflow_id] = record
-        self._records.move_to_end(record.workflow_id)
+        self._records[next(self._opening)] = record
         while len(self._records) > self._recent:
             self._records.popitem(last=False)
 
