@@ -9,6 +9,9 @@ import pytest
 
 import pbkv
 from pbkv import END, START
+from pbkv.live.chat import smollm2_chat
+from pbkv.live.driver import NodeFailed, simulate_workflow
+from pbkv.live.graph import State
 
 
 def sim(**fields):
@@ -43,6 +46,71 @@ def fan_out_app() -> pbkv.App:
 
 
 TASK = pbkv.LiveTask("t", "fizzbuzz")
+
+
+# -- 1. a broken graph is refused before anything runs ----------------------------------
+
+
+def empty() -> pbkv.App:
+    return pbkv.App("empty")
+
+
+def no_start() -> pbkv.App:
+    app = pbkv.App("no-start")
+    app.agent("a", role="r").edge("a", END)
+    return app
+
+
+def start_to_end() -> pbkv.App:
+    app = pbkv.App("start-end")
+    return app.agent("a", role="r").edge("a", END).edge(START, END)
+
+
+def dead_end() -> pbkv.App:
+    app = pbkv.App("dead-end")
+    app.agent("a", role="r").agent("b", role="r")
+    return app.edge(START, "a").edge("a", "b")  # b has no way out
+
+
+def entry_never_runs() -> pbkv.App:
+    app = pbkv.App("capped-entry")
+    return app.agent("a", role="r", max_visits=0).edge(START, "a").edge("a", END)
+
+
+BROKEN = {
+    empty: "app 'empty' declares no agents or tools",
+    no_start: "app 'no-start' has no edge from START",
+    start_to_end: "app 'start-end': START leads only to END",
+    dead_end: "node 'b' has no outgoing edge",
+    entry_never_runs: "node 'a' follows START but has max_visits=0",
+}
+
+
+@pytest.mark.parametrize("make", list(BROKEN), ids=lambda f: f.__name__)
+async def test_a_broken_graph_is_refused_before_any_workflow_opens(make, autojump_clock):
+    app, message = make(), BROKEN[make]
+    async with pbkv.open_runtime(sim()) as rt:
+        with pytest.raises(ValueError, match=message):
+            await pbkv.run_workflow(rt, app, TASK)
+        with pytest.raises(ValueError, match=message):
+            await pbkv.serve_app(rt, app, [TASK, pbkv.LiveTask("u", "x")], concurrency=2)
+        assert rt.statistics().workflows_started == 0
+    with pytest.raises(ValueError, match=message):
+        simulate_workflow(app, TASK, smollm2_chat(32768), workflow_id="w")
+    with pytest.raises(ValueError, match=message):
+        app.generate(2, 0)
+
+
+async def test_serve_app_validates_the_graph_once_not_per_workflow(autojump_clock):
+    app = line_app()
+    calls = []
+    validate = app.validate
+    app.validate = lambda: (calls.append(1), validate())[1]
+    tasks = [pbkv.LiveTask(f"t{i}", "x") for i in range(5)]
+    async with pbkv.open_runtime(sim()) as rt:
+        outcomes = await pbkv.serve_app(rt, app, tasks, concurrency=2)
+    assert [o.reason for o in outcomes] == ["end"] * 5
+    assert len(calls) == 1
 
 
 # -- 4. declarations are checked where they are written ---------------------------------
@@ -89,3 +157,143 @@ async def test_max_visits_zero_ends_the_workflow_when_the_node_is_reached(autoju
     async with pbkv.open_runtime(sim()) as rt:
         outcome = await pbkv.run_workflow(rt, app, TASK)
     assert (outcome.reason, outcome.path) == ("recursion_limit", ("coder",))
+
+
+@pytest.mark.parametrize("engine", ["sim", "dry"])
+async def test_a_plain_function_serves_as_a_tool(engine, autojump_clock):
+    def count_files(state: State) -> str:  # not async
+        return f"{len(state.turns)} files"
+
+    app = pbkv.App("sync-tool", preamble="p")
+    app.agent("coder", role="Write.", simulate=reply("code"))
+    app.tool("ls", count_files)
+    app.agent("reader", role="Read.", simulate=reply("done"))
+    app.edge(START, "coder").edge("coder", "ls")
+    app.route("ls", lambda s, out: "reader" if out.text == "1 files" else END, ["reader", END])
+    app.edge("reader", END)
+    if engine == "dry":
+        script = simulate_workflow(app, TASK, smollm2_chat(32768), workflow_id="w")
+        assert (script.end_reason, script.agents) == ("end", ("coder", "reader"))
+        return
+    async with pbkv.open_runtime(sim()) as rt:
+        outcome = await pbkv.run_workflow(rt, app, TASK)
+    assert (outcome.reason, outcome.error, outcome.path) == ("end", "", ("coder", "reader"))
+
+
+# -- 5. a node's error names the node ---------------------------------------------------
+
+
+def boom(*args):
+    return 1 / 0
+
+
+def with_tool(**tool) -> pbkv.App:
+    app = pbkv.App("tooled", preamble="p")
+    app.agent("coder", role="Write.", simulate=reply("code"))
+    app.tool("search", **{"run": boom, **tool})
+    app.edge(START, "coder").edge("coder", "search").edge("search", END)
+    return app
+
+
+ZERO = "ZeroDivisionError: division by zero"
+FAILING = {
+    "router raises": (line_app(boom), f"node 'tester' (router) raised {ZERO}"),
+    "router returns None": (
+        line_app(lambda s, out: None),
+        "TypeError: router of 'tester' returned None; expected a node name, END, or a "
+        "non-empty sequence of them",
+    ),
+    "router returns []": (line_app(lambda s, out: []), "router of 'tester' returned []"),
+    "router returns a number": (line_app(lambda s, out: [1]), "router of 'tester' returned [1]"),
+    "tool raises": (with_tool(), f"node 'search' (tool) raised {ZERO}"),
+    "tool's simulate raises": (with_tool(simulate=boom), f"node 'search' (simulate) raised {ZERO}"),
+    "tool's simulate returns text": (
+        with_tool(simulate=lambda s: "results"),
+        "simulate of tool 'search' returned 'results'; expected (text, latency_s)",
+    ),
+    "tool returns a number": (
+        with_tool(run=lambda s: 3),
+        "tool 'search' returned int; expected a str",
+    ),
+    "agent's simulate raises": (line_app(simulate=boom), f"node 'tester' (simulate) raised {ZERO}"),
+    "agent's simulate returns text": (
+        line_app(simulate=lambda s: "PASS"),
+        "simulate of agent 'tester' returned str; expected a pbkv.Simulated",
+    ),
+    "prompt builder raises": (
+        line_app(prompt=boom),
+        f"node 'tester' (prompt builder) raised {ZERO}",
+    ),
+    "prompt builder returns a string": (
+        line_app(prompt=lambda s: "Review the code."),
+        "prompt builder of agent 'tester' returned str; expected a list of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILING))
+async def test_a_nodes_error_names_the_node_and_what_it_was_doing(case, autojump_clock):
+    app, message = FAILING[case]
+    async with pbkv.open_runtime(sim()) as rt:
+        outcome = await pbkv.run_workflow(rt, app, TASK)
+        stats = rt.statistics()
+    assert outcome.reason == "error"
+    assert message in outcome.error
+    assert stats.ended_by_reason == {"error": 1} and stats.leases == 0
+
+
+def test_a_nodes_error_keeps_the_original_chained():
+    with pytest.raises(NodeFailed, match=r"node 'tester' \(router\)") as caught:
+        simulate_workflow(line_app(boom), TASK, smollm2_chat(32768), workflow_id="w")
+    assert caught.value.node == "tester" and caught.value.part == "router"
+    assert isinstance(caught.value.__cause__, ZeroDivisionError)
+
+
+async def test_a_failing_fan_out_branch_is_named_not_grouped(autojump_clock):
+    app = pbkv.App("fan-fail", preamble="p")
+    app.agent("planner", role="Split.", simulate=reply("2"))
+    app.agent("reader", role="Read.", simulate=reply("ok"))
+    app.tool("good", lambda s: "found", simulate=lambda s: ("found", 5.0))
+    app.tool("bad", boom, simulate=boom)
+    app.route("planner", lambda s, out: ["good", "bad"], ["good", "bad"])
+    app.edge(START, "planner").edge("good", "reader").edge("bad", "reader").edge("reader", END)
+    async with pbkv.open_runtime(sim()) as rt:
+        outcome = await pbkv.run_workflow(rt, app, TASK)
+    assert outcome.error == f"node 'bad' (simulate) raised {ZERO}"
+    assert outcome.end_s - outcome.start_s < 5.0  # the other branch was cancelled
+
+
+# -- 6. a prompt builder's messages pass wf.call's own check ----------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "wizard", "content": "x"},
+        {"role": "user", "content": 5},
+        {"role": "user", "content": [{"type": "image_url"}]},
+        "not a mapping",
+    ],
+    ids=["role", "content", "part", "mapping"],
+)
+async def test_a_prompt_builders_bad_message_is_refused_as_wf_call_refuses_it(
+    message, autojump_clock
+):
+    app = line_app(prompt=lambda s: [{"role": "user", "content": "ok"}, message])
+    async with pbkv.open_runtime(sim()) as rt:
+        async with rt.workflow() as wf:
+            with pytest.raises((TypeError, ValueError)) as refused:
+                await wf.call("a", [{"role": "user", "content": "ok"}, message])
+        outcome = await pbkv.run_workflow(rt, app, TASK)
+    assert outcome.reason == "error"
+    assert f"prompt builder of agent 'tester': {refused.value}" in outcome.error
+    assert "messages[1]" in outcome.error
+
+
+async def test_a_message_without_content_is_empty_text_for_wf_call_and_builders(autojump_clock):
+    app = line_app(prompt=lambda s: [{"role": "user", "content": "ok"}, {"role": "assistant"}])
+    async with pbkv.open_runtime(sim()) as rt:
+        async with rt.workflow() as wf:
+            await wf.call("a", [{"role": "user", "content": "ok"}, {"role": "assistant"}])
+        outcome = await pbkv.run_workflow(rt, app, TASK)
+    assert (outcome.reason, outcome.error) == ("end", "")
