@@ -21,6 +21,7 @@ import functools
 import inspect
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -739,13 +740,14 @@ async def serve_app(
 ) -> list[WorkflowOutcome]:
     """Run ``app`` on every task through ``runtime``, ``concurrency`` at a time.
 
-    The graph is validated once, before any workflow starts.
+    The graph is validated once, and the ids checked, before any workflow starts.
 
     Args:
         runtime: a running :class:`~pbkv.live.session.Runtime`.
         app / tasks: the graph and what its workflows work on, one each.
         concurrency: workflows open at once (>= 1).
-        workflow_ids: one id per task; default ``f"{app.name}-{i}"``.
+        workflow_ids: one unique, non-empty id per task, none open in ``runtime``;
+            default ``f"{app.name}-{i}"``.
         arrivals_s: each workflow's earliest start, seconds from now (open loop).
         seed: seeds the simulated replies' streams (sim engine).
         on_outcome: called with each outcome as its workflow ends.
@@ -754,8 +756,9 @@ async def serve_app(
         The outcomes, in completion order.
 
     Raises:
-        ValueError: as :func:`serve_many`; ``workflow_ids`` of another length; a broken
-            graph (:meth:`App.validate`).
+        ValueError: as :func:`serve_many`; ``workflow_ids`` of another length, with a
+            duplicate, an empty id or one already open (named); a broken graph
+            (:meth:`App.validate`).
         TypeError: as :meth:`App.validate`.
     """
     app.validate()
@@ -766,6 +769,7 @@ async def serve_app(
     )
     if len(ids) != len(tasks):
         raise ValueError("workflow_ids must give one id per task")
+    _check_ids(runtime, ids)
     starters = [
         functools.partial(_run_workflow, runtime, app, task, workflow_id=wf_id, seed=seed)
         for task, wf_id in zip(tasks, ids, strict=True)
@@ -773,6 +777,22 @@ async def serve_app(
     return await serve_many(
         starters, concurrency=concurrency, arrivals_s=arrivals_s, on_outcome=on_outcome
     )
+
+
+def _check_ids(runtime: Runtime, ids: Sequence[str]) -> None:
+    """Refuse workflow ids that :meth:`Runtime.open_workflow` would refuse mid-run."""
+    for wf_id in ids:
+        if not isinstance(wf_id, str) or not wf_id:
+            raise ValueError(f"workflow_ids must be non-empty strings, got {wf_id!r}")
+    duplicated = [wf_id for wf_id, n in Counter(ids).items() if n > 1]
+    if duplicated:
+        raise ValueError(
+            f"workflow_ids must be unique; {duplicated[0]!r} is given "
+            f"{Counter(ids)[duplicated[0]]} times"
+        )
+    open_now = sorted(set(ids) & set(runtime.active_workflows()))
+    if open_now:
+        raise ValueError(f"workflow {open_now[0]!r} is already open in this runtime")
 
 
 async def serve_replays(

@@ -113,6 +113,24 @@ async def test_serve_app_validates_the_graph_once_not_per_workflow(autojump_cloc
     assert len(calls) == 1
 
 
+# -- 3. workflow ids are checked up front -----------------------------------------------
+
+
+async def test_serve_app_refuses_duplicate_or_open_workflow_ids_before_running(autojump_clock):
+    app = line_app()
+    two = [TASK, pbkv.LiveTask("u", "y")]
+    async with pbkv.open_runtime(sim()) as rt:
+        with pytest.raises(ValueError, match="unique; 'same' is given 2 times"):
+            await pbkv.serve_app(rt, app, two, workflow_ids=["same", "same"], concurrency=2)
+        with pytest.raises(ValueError, match="non-empty strings, got ''"):
+            await pbkv.serve_app(rt, app, two, workflow_ids=["a", ""], concurrency=2)
+        assert rt.statistics().workflows_started == 0
+        async with rt.workflow("busy"):
+            with pytest.raises(ValueError, match="'busy' is already open"):
+                await pbkv.serve_app(rt, app, two, workflow_ids=["ok", "busy"])
+        assert rt.statistics().workflows_started == 1
+
+
 # -- 4. declarations are checked where they are written ---------------------------------
 
 
