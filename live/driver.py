@@ -12,7 +12,9 @@ Each runner validates the app's graph once before it runs (:meth:`App.validate`)
 error of the app's own code (a router, tool, prompt builder or simulated reply that
 raises) is re-raised as :class:`NodeFailed` naming the node and what it was doing, the
 original chained; a hook that returns something the graph cannot use is a ``TypeError``
-or ``ValueError`` naming the node and what was expected.
+or ``ValueError`` naming the node and what was expected. Graph and replay calls wait for
+the runtime's admission limit (``max_calls_in_flight``) rather than fail with
+:class:`~pbkv.live.session.Overloaded`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import inspect
 import logging
 import math
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +49,7 @@ from pbkv.live.graph import (
 )
 from pbkv.live.session import (
     CallFailed,
+    Overloaded,
     Reply,
     Runtime,
     Simulated,
@@ -59,6 +63,11 @@ log = logging.getLogger(__name__)
 EMPTY_OUTPUT_TOKEN = 0
 """The token a replayed step with an empty recorded output generates (an engine always
 generates at least one)."""
+
+OVERLOADED_RETRY_S = 0.01
+"""Seconds a graph or replay call waits before asking again when the runtime refused it
+as :class:`~pbkv.live.session.Overloaded` (calls from outside the graph, such as other
+sessions or the server's, hold the capacity)."""
 
 
 class NodeFailed(RuntimeError):
@@ -388,15 +397,50 @@ def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> l
 # -- live runs ----------------------------------------------------------------------
 
 
+_ADMISSION: weakref.WeakKeyDictionary[Runtime, trio.Semaphore] = weakref.WeakKeyDictionary()
+"""Per runtime: the slots its graph and replay calls share, ``max_calls_in_flight`` of them."""
+
+
+async def admitted_call(session: WorkflowSession, agent: str, prompt: Any, **kwargs: Any) -> Reply:
+    """Make ``session.call(agent, prompt, **kwargs)`` once the runtime can admit it.
+
+    Graph and replay calls of one runtime share ``runtime.max_calls_in_flight`` slots
+    (first come, first served), so they wait for capacity (backpressure) where a bare
+    call would raise :class:`~pbkv.live.session.Overloaded`; a slot is held for one
+    call only, so waiting never deadlocks (a fan-out's branches each take their own).
+    When calls from outside (other sessions, the server) fill the runtime, the call
+    asks again every :data:`OVERLOADED_RETRY_S`. Cancellation stops the wait.
+
+    Raises:
+        As :meth:`~pbkv.live.session.WorkflowSession.call`, except ``Overloaded``.
+    """
+    runtime = session.runtime
+    slots = _ADMISSION.get(runtime)
+    if slots is None:
+        slots = _ADMISSION[runtime] = trio.Semaphore(max(1, runtime.max_calls_in_flight))
+    try:
+        slots.acquire_nowait()  # no checkpoint while there is room: schedules as before
+    except trio.WouldBlock:
+        await slots.acquire()
+    try:
+        while True:
+            try:
+                return await session.call(agent, prompt, **kwargs)
+            except Overloaded as exc:
+                await trio.sleep(min(exc.retry_after_s, OVERLOADED_RETRY_S))
+    finally:
+        slots.release()
+
+
 class _SessionCaller:
-    """Calls through a :class:`~pbkv.live.session.WorkflowSession`."""
+    """Calls through a :class:`~pbkv.live.session.WorkflowSession`, waiting for room."""
 
     def __init__(self, session: WorkflowSession, samples_tokens: bool) -> None:
         self.session = session
         self.samples_tokens = samples_tokens
 
     async def call(self, agent: str, prompt: Sequence[Segment], **kwargs: Any) -> Reply:
-        return await self.session.call(agent, prompt, **kwargs)
+        return await admitted_call(self.session, agent, prompt, **kwargs)
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
@@ -416,7 +460,7 @@ async def run_workflow(
     A router, prompt builder or tool that raises, or a call that fails past its
     retries, ends this workflow with ``error`` (logged; ``outcome.error`` names the node
     and what it was doing, see :class:`NodeFailed`) and nothing else; cancellation ends
-    it ``aborted`` and propagates.
+    it ``aborted`` and propagates. A call the runtime cannot admit yet waits for room.
 
     Args:
         runtime: a running :class:`~pbkv.live.session.Runtime`.
@@ -630,7 +674,8 @@ async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutco
     """Serve a recorded script through a session: each step after its gap, in order.
 
     A step the engine fails is retried once, then the workflow ends ``error``; the
-    script's own end reason ends it otherwise.
+    script's own end reason ends it otherwise. A step the runtime cannot admit yet
+    waits for room (:func:`admitted_call`).
     """
     session = await runtime.open_workflow(
         workflow.workflow_id,
@@ -668,7 +713,8 @@ async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | No
     repeat: int | None = None
     for _ in range(retries + 1):
         try:
-            return await session.call(
+            return await admitted_call(
+                session,
                 step.agent,
                 step.segments,
                 max_new_tokens=max(1, step.output_tokens),
@@ -740,7 +786,10 @@ async def serve_app(
 ) -> list[WorkflowOutcome]:
     """Run ``app`` on every task through ``runtime``, ``concurrency`` at a time.
 
-    The graph is validated once, and the ids checked, before any workflow starts.
+    The graph is validated once, and the ids checked, before any workflow starts. A
+    workflow's calls wait while the runtime is at its admission limit
+    (``max_calls_in_flight``: the engine's batch plus its queue) rather than fail, so
+    any ``concurrency`` is served, a fan-out's branches included.
 
     Args:
         runtime: a running :class:`~pbkv.live.session.Runtime`.

@@ -5,12 +5,16 @@ field is refused where it is written; an error of the app's own code names the n
 and serve_app waits for the runtime's capacity rather than failing its workflows.
 """
 
+import functools
+
 import pytest
+import trio
+import trio.testing
 
 import pbkv
 from pbkv import END, START
 from pbkv.live.chat import smollm2_chat
-from pbkv.live.driver import NodeFailed, simulate_workflow
+from pbkv.live.driver import NodeFailed, serve_replays, simulate_workflow
 from pbkv.live.graph import State
 
 
@@ -111,6 +115,65 @@ async def test_serve_app_validates_the_graph_once_not_per_workflow(autojump_cloc
         outcomes = await pbkv.serve_app(rt, app, tasks, concurrency=2)
     assert [o.reason for o in outcomes] == ["end"] * 5
     assert len(calls) == 1
+
+
+# -- 2. serve_app waits for the runtime's capacity --------------------------------------
+
+
+async def test_serve_app_waits_for_capacity_rather_than_failing_a_fan_out(autojump_clock):
+    # admission limit: batch 2 + queue 1 = 3 calls; 6 workflows of two branches want 12
+    tasks = [pbkv.LiveTask(f"t{i}", f"task {i}") for i in range(6)]
+    async with pbkv.open_runtime(sim(max_batch_size=2, max_queued_requests=1)) as rt:
+        assert rt.max_calls_in_flight == 3
+        peak = 0
+
+        async def watch():
+            nonlocal peak
+            while True:
+                peak = max(peak, rt.statistics().calls_in_flight)
+                await trio.sleep(0.001)
+
+        with trio.fail_after(600):  # virtual seconds: a deadlock would hit it
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                outcomes = await pbkv.serve_app(rt, fan_out_app(), tasks, concurrency=6)
+                nursery.cancel_scope.cancel()
+        stats = rt.statistics()
+    assert [o.error for o in outcomes if o.error] == []
+    assert sorted(o.reason for o in outcomes) == ["end"] * 6
+    assert all(len(o.path) == 4 for o in outcomes)
+    assert peak == 3 and stats.calls_in_flight == 0 and stats.leases == 0
+
+
+async def test_graph_calls_wait_while_calls_from_outside_fill_the_runtime(autojump_clock):
+    long = [{"role": "user", "content": "word " * 3000}]  # a prefill of seconds
+    tasks = [pbkv.LiveTask(f"t{i}", f"task {i}") for i in range(2)]
+    config = sim(max_batch_size=2, max_queued_requests=0)
+    async with (
+        pbkv.open_runtime(config) as rt,
+        rt.workflow() as wf,
+        trio.open_nursery() as nursery,
+    ):
+        for i in range(2):
+            nursery.start_soon(functools.partial(wf.call, f"bare{i}", long, max_new_tokens=4))
+        await trio.testing.wait_all_tasks_blocked()
+        assert rt.statistics().calls_in_flight == 2  # the runtime is full
+        with trio.fail_after(600):
+            outcomes = await pbkv.serve_app(rt, fan_out_app(), tasks, concurrency=2)
+    assert sorted(o.reason for o in outcomes) == ["end"] * 2
+
+
+@pytest.fixture
+def fan_out_scripts():
+    return fan_out_app().generate(6, 0)  # outside trio: a fan-out's dry run starts one
+
+
+async def test_replays_wait_for_capacity_too(fan_out_scripts, autojump_clock):
+    scripts = fan_out_scripts
+    async with pbkv.open_runtime(sim(max_batch_size=1, max_queued_requests=1)) as rt:
+        with trio.fail_after(600):
+            outcomes = await serve_replays(rt, scripts, concurrency=6)
+    assert sorted(o.reason for o in outcomes) == ["end"] * 6
 
 
 # -- 3. workflow ids are checked up front -----------------------------------------------
