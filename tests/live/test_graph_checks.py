@@ -324,6 +324,7 @@ async def test_a_nodes_error_names_the_node_and_what_it_was_doing(case, autojump
 
 
 def test_a_nodes_error_keeps_the_original_chained():
+    assert pbkv.live.NodeFailed is NodeFailed
     with pytest.raises(NodeFailed, match=r"node 'tester' \(router\)") as caught:
         simulate_workflow(line_app(boom), TASK, smollm2_chat(32768), workflow_id="w")
     assert caught.value.node == "tester" and caught.value.part == "router"
