@@ -8,6 +8,7 @@ tools and routers on top of them, and its call graph feeds the predictor.
 from .build import BuiltEngine, RuntimeConfig, build_engine, open_runtime
 from .chat import ChatFormat, PromptTooLong
 from .driver import (
+    NodeFailed,
     replay_workflow,
     run_workflow,
     serve_app,
@@ -35,6 +36,7 @@ __all__ = [
     "ChatFormat",
     "Delta",
     "LiveTask",
+    "NodeFailed",
     "Overloaded",
     "PromptTooLong",
     "Reply",

@@ -68,7 +68,7 @@ class ChatFormat:
         """
         if not messages:
             raise ValueError("messages must hold at least one message")
-        rendered = [self.render(*_role_and_text(i, m)) for i, m in enumerate(messages)]
+        rendered = [self.render(*message_parts(i, m)) for i, m in enumerate(messages)]
         leading = 0
         while leading < len(messages) and messages[leading].get("role") == "system":
             leading += 1
@@ -98,13 +98,30 @@ class ChatFormat:
             )
 
 
-def _role_and_text(index: int, message: Mapping[str, Any]) -> tuple[str, str]:
+def message_parts(index: int, message: Mapping[str, Any]) -> tuple[str, str]:
+    """Check one OpenAI-style message; return its ``(role, text)`` to render.
+
+    The one check every templated message passes (``wf.call``'s and a graph prompt
+    builder's alike): ``role`` one of :data:`ROLES` (``developer`` renders as
+    ``system``); ``content`` a string, a list of ``{"type": "text", "text": ...}``
+    parts, or absent / ``None`` (empty text, as an assistant message with tool calls).
+
+    Args:
+        index: the message's position, named in the errors.
+        message: the message.
+
+    Raises:
+        TypeError: the message is not a mapping, or its content is not text.
+        ValueError: an unknown role, or a content part that is not text.
+    """
     if not isinstance(message, Mapping):
         raise TypeError(f"messages[{index}] must be a mapping, got {type(message).__name__}")
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         raise ValueError(f"messages[{index}].role must be one of {sorted(ROLES)}, got {role!r}")
-    content = message.get("content") or ""
+    content = message.get("content")
+    if content is None:
+        content = ""
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):

@@ -7,13 +7,25 @@ simulated replies and no engine, producing the :class:`~pbkv.actors.workload.Wor
 script the studies and the predictor's traces use; :func:`replay_workflow` serves a
 recorded script through a session. :func:`serve_app` and :func:`serve_replays` run many,
 ``concurrency`` at a time, honouring arrival times when a workload gives them.
+
+Each runner validates the app's graph once before it runs (:meth:`App.validate`). An
+error of the app's own code (a router, tool, prompt builder or simulated reply that
+raises) is re-raised as :class:`NodeFailed` naming the node and what it was doing, the
+original chained; a hook that returns something the graph cannot use is a ``TypeError``
+or ``ValueError`` naming the node and what was expected. Graph and replay calls wait for
+the runtime's admission limit (``max_calls_in_flight``) rather than fail with
+:class:`~pbkv.live.session.Overloaded`.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
-from collections.abc import Callable, Sequence
+import math
+import weakref
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,7 +35,7 @@ from pbkv.actors.events import TerminationReason
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.engines.base import GenerateResult, Sampling
-from pbkv.live.chat import ChatFormat
+from pbkv.live.chat import ChatFormat, message_parts
 from pbkv.live.graph import (
     END,
     AgentNode,
@@ -35,7 +47,15 @@ from pbkv.live.graph import (
     ToolResult,
     Turn,
 )
-from pbkv.live.session import CallFailed, Reply, Runtime, Simulated, scripted_output
+from pbkv.live.session import (
+    CallFailed,
+    Overloaded,
+    Reply,
+    Runtime,
+    Simulated,
+    WorkflowSession,
+    scripted_output,
+)
 from pbkv.runtime import now_s
 
 log = logging.getLogger(__name__)
@@ -43,6 +63,29 @@ log = logging.getLogger(__name__)
 EMPTY_OUTPUT_TOKEN = 0
 """The token a replayed step with an empty recorded output generates (an engine always
 generates at least one)."""
+
+OVERLOADED_RETRY_S = 0.01
+"""Seconds a graph or replay call waits before asking again when the runtime refused it
+as :class:`~pbkv.live.session.Overloaded` (calls from outside the graph, such as other
+sessions or the server's, hold the capacity)."""
+
+
+class NodeFailed(RuntimeError):
+    """A node's own code raised: the workflow's error names the node and what it did.
+
+    The original exception is chained (``__cause__``), so tracebacks show it.
+
+    Attributes:
+        node: the node (agent or tool) whose code raised.
+        part: what it was doing: ``router``, ``tool``, ``prompt builder``,
+            ``simulate`` (a simulated reply or tool result) or ``call`` (the runtime
+            refused the agent's call, e.g. ``PromptTooLong``).
+    """
+
+    def __init__(self, node: str, part: str, error: BaseException) -> None:
+        super().__init__(f"node {node!r} ({part}) raised {type(error).__name__}: {error}")
+        self.node = node
+        self.part = part
 
 
 class Caller(Protocol):
@@ -116,20 +159,49 @@ def agent_call_prompt(chat: ChatFormat, app: App, agent: AgentNode, state: State
     A builder's :class:`~pbkv.live.graph.TokenPrompt` is taken as it is; otherwise the
     segments are system, context (the builder's messages or the default transcript)
     and signed opener, and the tail is the newest turn's text (the task's at first).
+    The builder's messages are checked as :meth:`WorkflowSession.call` checks its own
+    (:func:`~pbkv.live.chat.message_parts`).
+
+    Raises:
+        NodeFailed: the prompt builder raised (chained).
+        TypeError / ValueError: it returned neither messages, a ``TokenPrompt`` nor
+            ``None``, or a bad message (the agent and the message's index named).
     """
-    built = agent.prompt(state) if agent.prompt is not None else None
+    built = None
+    if agent.prompt is not None:
+        try:
+            built = agent.prompt(state)
+        except Exception as exc:
+            raise NodeFailed(agent.name, "prompt builder", exc) from exc
     if isinstance(built, TokenPrompt):
         return built
     if built is None:
         context = transcript(chat, state)
     else:
         context = tuple(
-            t for m in built for t in _encoded(chat, chat.render(m["role"], m["content"]))
+            t for text in _built_messages(chat, agent, built) for t in _encoded(chat, text)
         )
     opener = _encoded(chat, chat.opener(speaker_name(agent.name)))
     segments = (*system_segments(chat, app, agent), Segment("context", context + opener))
     last = state.last
     return TokenPrompt(segments, last.text if last is not None else state.task.text)
+
+
+def _built_messages(chat: ChatFormat, agent: AgentNode, built: Any) -> list[str]:
+    """Return a prompt builder's messages rendered one by one, each checked."""
+    if isinstance(built, (str, bytes, Mapping)) or not isinstance(built, Sequence):
+        raise TypeError(
+            f"prompt builder of agent {agent.name!r} returned {type(built).__name__}; expected "
+            "a list of {'role': ..., 'content': ...} messages, a TokenPrompt or None"
+        )
+    rendered = []
+    for i, message in enumerate(built):
+        try:
+            role, text = message_parts(i, message)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"prompt builder of agent {agent.name!r}: {exc}") from exc
+        rendered.append(chat.render(role, text))
+    return rendered
 
 
 # -- the executor -------------------------------------------------------------------
@@ -150,8 +222,9 @@ async def execute(run: _Run) -> TerminationReason:
 
     Raises:
         CallFailed: a call failed past its agent's retries.
-        ValueError: a router returned a node it did not declare.
-        Exception: whatever a router, prompt builder or tool raised.
+        NodeFailed: a router, prompt builder, tool or simulated reply raised (chained).
+        TypeError / ValueError: one returned what the graph cannot use (a router a
+            node it did not declare), the node named.
     """
     app, state = run.app, run.state
     frontier = list(app.entry_nodes)
@@ -176,18 +249,29 @@ async def execute(run: _Run) -> TerminationReason:
 
 
 async def _run_superstep(run: _Run, frontier: list[str]) -> list[Reply | ToolResult | None]:
-    """Run the frontier's nodes concurrently (fan-out); return their outputs in order."""
+    """Run the frontier's nodes concurrently (fan-out); return their outputs in order.
+
+    The first branch that raises cancels the others, and its error is raised as it is
+    (not wrapped in an exception group, so the workflow's error names its node).
+    """
     outputs: list[Reply | ToolResult | None] = [None] * len(frontier)
-
-    async def one(i: int, name: str) -> None:
-        outputs[i] = await _run_node(run, name)
-
     if len(frontier) == 1:
-        await one(0, frontier[0])
+        outputs[0] = await _run_node(run, frontier[0])
         return outputs
+    failed: list[Exception] = []
+
+    async def one(i: int, name: str, cancel: trio.CancelScope) -> None:
+        try:
+            outputs[i] = await _run_node(run, name)
+        except Exception as exc:
+            failed.append(exc)
+            cancel.cancel()
+
     async with trio.open_nursery() as nursery:
         for i, name in enumerate(frontier):
-            nursery.start_soon(one, i, name)
+            nursery.start_soon(one, i, name, nursery.cancel_scope)
+    if failed:
+        raise failed[0]
     return outputs
 
 
@@ -198,9 +282,18 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
     prompt = agent_call_prompt(run.chat, run.app, node, run.state)
     simulated = None
     if node.simulate is not None and not run.caller.samples_tokens:
-        simulated = node.simulate(run.state)
+        try:
+            simulated = node.simulate(run.state)
+        except Exception as exc:
+            raise NodeFailed(name, "simulate", exc) from exc
+        if not isinstance(simulated, Simulated):
+            raise TypeError(
+                f"simulate of agent {name!r} returned {type(simulated).__name__}; "
+                "expected a pbkv.Simulated"
+            )
     step: int | None = None
-    for attempt in range(node.max_retries + 1):
+    attempt = 0
+    while True:
         try:
             reply = await run.caller.call(
                 name,
@@ -212,29 +305,61 @@ async def _run_node(run: _Run, name: str) -> Reply | ToolResult:
                 step=step,
             )
         except CallFailed as exc:
-            if attempt == node.max_retries or not exc.retryable:
+            if attempt >= node.max_retries or not exc.retryable:
                 raise
             log.warning("workflow %s: %s failed (%s); retrying", run.state.workflow_id, name, exc)
             step = exc.step
+            attempt += 1
             continue
+        except (TypeError, ValueError) as exc:  # the runtime refused the call's arguments
+            raise NodeFailed(name, "call", exc) from exc
         run.replies.append(reply)
         run.path.append(name)
         return reply
-    raise AssertionError("unreachable")
 
 
 async def _run_tool(run: _Run, node: ToolNode) -> ToolResult:
     if node.simulate is not None and not run.caller.samples_tokens:
-        simulated = node.simulate(run.state)
-        if not isinstance(simulated, ToolResult):
-            simulated = ToolResult(node.name, *simulated)
+        try:
+            simulated = node.simulate(run.state)
+        except Exception as exc:
+            raise NodeFailed(node.name, "simulate", exc) from exc
+        simulated = _tool_result(node.name, simulated)
         await run.caller.sleep(simulated.latency_s)
         return simulated
     started = now_s()
-    text = await node.run(run.state)
+    try:
+        text = node.run(run.state)  # an async def's coroutine, or a plain function's text
+        if inspect.isawaitable(text):
+            text = await text
+    except Exception as exc:
+        raise NodeFailed(node.name, "tool", exc) from exc
     if not isinstance(text, str):
-        raise TypeError(f"tool {node.name!r} must return str, got {type(text).__name__}")
+        raise TypeError(f"tool {node.name!r} returned {type(text).__name__}; expected a str")
     return ToolResult(node.name, text, now_s() - started)
+
+
+def _tool_result(name: str, simulated: Any) -> ToolResult:
+    """Check a tool's simulated result: a :class:`ToolResult` or ``(text, latency_s)``."""
+    if not isinstance(simulated, ToolResult):
+        if not (
+            isinstance(simulated, tuple)
+            and len(simulated) == 2
+            and isinstance(simulated[0], str)
+            and isinstance(simulated[1], (int, float))
+            and not isinstance(simulated[1], bool)
+        ):
+            raise TypeError(
+                f"simulate of tool {name!r} returned {simulated!r}; expected "
+                "(text, latency_s) or a ToolResult"
+            )
+        simulated = ToolResult(name, *simulated)
+    if not (math.isfinite(simulated.latency_s) and simulated.latency_s >= 0):
+        raise ValueError(
+            f"simulate of tool {name!r} returned latency_s={simulated.latency_s!r}; "
+            "expected a finite number of seconds >= 0"
+        )
+    return simulated
 
 
 def _turn(run: _Run, name: str, out: Reply | ToolResult) -> Turn:
@@ -248,8 +373,19 @@ def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> l
     edge = app.routers.get(name)
     if edge is None:
         return list(app.static_edges.get(name, ()))
-    chosen = edge.route(state, out)
-    targets = [chosen] if isinstance(chosen, str) else list(chosen)
+    try:
+        chosen = edge.route(state, out)
+    except Exception as exc:
+        raise NodeFailed(name, "router", exc) from exc
+    if isinstance(chosen, str):
+        targets = [chosen]
+    elif isinstance(chosen, Sequence) and chosen and all(isinstance(t, str) for t in chosen):
+        targets = list(chosen)
+    else:
+        raise TypeError(
+            f"router of {name!r} returned {chosen!r}; expected a node name, END, or a "
+            f"non-empty sequence of them (one of {edge.targets})"
+        )
     for target in targets:
         if target not in edge.targets:
             raise ValueError(
@@ -261,15 +397,50 @@ def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> l
 # -- live runs ----------------------------------------------------------------------
 
 
-class _SessionCaller:
-    """Calls through a :class:`~pbkv.live.session.WorkflowSession`."""
+_ADMISSION: weakref.WeakKeyDictionary[Runtime, trio.Semaphore] = weakref.WeakKeyDictionary()
+"""Per runtime: the slots its graph and replay calls share, ``max_calls_in_flight`` of them."""
 
-    def __init__(self, session: Any, samples_tokens: bool) -> None:
+
+async def admitted_call(session: WorkflowSession, agent: str, prompt: Any, **kwargs: Any) -> Reply:
+    """Make ``session.call(agent, prompt, **kwargs)`` once the runtime can admit it.
+
+    Graph and replay calls of one runtime share ``runtime.max_calls_in_flight`` slots
+    (first come, first served), so they wait for capacity (backpressure) where a bare
+    call would raise :class:`~pbkv.live.session.Overloaded`; a slot is held for one
+    call only, so waiting never deadlocks (a fan-out's branches each take their own).
+    When calls from outside (other sessions, the server) fill the runtime, the call
+    asks again every :data:`OVERLOADED_RETRY_S`. Cancellation stops the wait.
+
+    Raises:
+        As :meth:`~pbkv.live.session.WorkflowSession.call`, except ``Overloaded``.
+    """
+    runtime = session.runtime
+    slots = _ADMISSION.get(runtime)
+    if slots is None:
+        slots = _ADMISSION[runtime] = trio.Semaphore(max(1, runtime.max_calls_in_flight))
+    try:
+        slots.acquire_nowait()  # no checkpoint while there is room: schedules as before
+    except trio.WouldBlock:
+        await slots.acquire()
+    try:
+        while True:
+            try:
+                return await session.call(agent, prompt, **kwargs)
+            except Overloaded as exc:
+                await trio.sleep(min(exc.retry_after_s, OVERLOADED_RETRY_S))
+    finally:
+        slots.release()
+
+
+class _SessionCaller:
+    """Calls through a :class:`~pbkv.live.session.WorkflowSession`, waiting for room."""
+
+    def __init__(self, session: WorkflowSession, samples_tokens: bool) -> None:
         self.session = session
         self.samples_tokens = samples_tokens
 
     async def call(self, agent: str, prompt: Sequence[Segment], **kwargs: Any) -> Reply:
-        return await self.session.call(agent, prompt, **kwargs)
+        return await admitted_call(self.session, agent, prompt, **kwargs)
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
@@ -287,15 +458,36 @@ async def run_workflow(
     """Drive one workflow of ``app`` on ``task`` through ``runtime`` and return its outcome.
 
     A router, prompt builder or tool that raises, or a call that fails past its
-    retries, ends this workflow with ``error`` (logged) and nothing else; cancellation
-    ends it ``aborted`` and propagates.
+    retries, ends this workflow with ``error`` (logged; ``outcome.error`` names the node
+    and what it was doing, see :class:`NodeFailed`) and nothing else; cancellation ends
+    it ``aborted`` and propagates. A call the runtime cannot admit yet waits for room.
 
     Args:
         runtime: a running :class:`~pbkv.live.session.Runtime`.
         app: the graph; ``task``: what it works on.
         workflow_id / tenant: the session's id and cache namespace.
         seed: seeds the simulated replies' streams (sim engine).
+
+    Raises:
+        ValueError / TypeError: the graph is broken (:meth:`App.validate`), before
+            any workflow opens; or as :meth:`~pbkv.live.session.Runtime.open_workflow`.
     """
+    app.validate()
+    return await _run_workflow(
+        runtime, app, task, workflow_id=workflow_id, tenant=tenant, seed=seed
+    )
+
+
+async def _run_workflow(
+    runtime: Runtime,
+    app: App,
+    task: LiveTask,
+    *,
+    workflow_id: str | None = None,
+    tenant: str = "",
+    seed: int = 0,
+) -> WorkflowOutcome:
+    """:func:`run_workflow` of an app already validated."""
     session = await runtime.open_workflow(
         workflow_id, app=app.name, task_id=task.task_id, task_text=task.text, tenant=tenant
     )
@@ -306,12 +498,18 @@ async def run_workflow(
         reason = await execute(run)
     except Exception as exc:
         log.warning("workflow %s ended with error: %r", session.workflow_id, exc)
-        reason, error = "error", f"{type(exc).__name__}: {exc}"
+        reason, error = "error", _error_text(exc)
     except BaseException:
         await session.end("aborted")
         raise
     await session.end(reason)
     return _outcome(session.workflow_id, reason, session.start_s, session.end_s, run, error)
+
+
+def _error_text(exc: Exception) -> str:
+    """Return ``WorkflowOutcome.error`` for ``exc``: a :class:`NodeFailed`'s message (it
+    names the original type), else ``"Type: message"``."""
+    return str(exc) if isinstance(exc, NodeFailed) else f"{type(exc).__name__}: {exc}"
 
 
 def _outcome(
@@ -383,8 +581,18 @@ def simulate_workflow(
     function may run twice.
 
     Raises:
-        Exception: whatever the app's routers, prompt builders or tools raise.
+        ValueError / TypeError: the graph is broken (:meth:`App.validate`); a hook
+            returned what the graph cannot use (the node named).
+        NodeFailed: a router, prompt builder, tool or simulated reply raised (chained).
     """
+    app.validate()
+    return _simulate_workflow(app, task, chat, workflow_id=workflow_id, seed=seed)
+
+
+def _simulate_workflow(
+    app: App, task: LiveTask, chat: ChatFormat, *, workflow_id: str, seed: int = 0
+) -> Workflow:
+    """:func:`simulate_workflow` of an app already validated."""
     dry = _DryRun(chat)
     state = State(task, workflow_id=workflow_id, seed=seed)
     run = _Run(app, chat, dry, state, [], [])
@@ -439,7 +647,8 @@ def simulate_workload(
         chat: the tokenizer and template; default SmolLM2's (the sim engine's).
 
     Raises:
-        ValueError: ``n_workflows`` or ``seed`` is negative or not an int.
+        ValueError: ``n_workflows`` or ``seed`` is negative or not an int; or as
+            :func:`simulate_workflow` (the graph is validated once).
     """
     for name, value in (("n_workflows", n_workflows), ("seed", seed)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -449,8 +658,9 @@ def simulate_workload(
         from pbkv.live.chat import smollm2_chat
 
         chat = smollm2_chat(SIM_CONTEXT_TOKENS)
+    app.validate()
     return [
-        simulate_workflow(
+        _simulate_workflow(
             app, app.task(seed, i), chat, workflow_id=f"{app.name}-{seed}-{i}", seed=seed
         )
         for i in range(n_workflows)
@@ -464,7 +674,8 @@ async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutco
     """Serve a recorded script through a session: each step after its gap, in order.
 
     A step the engine fails is retried once, then the workflow ends ``error``; the
-    script's own end reason ends it otherwise.
+    script's own end reason ends it otherwise. A step the runtime cannot admit yet
+    waits for room (:func:`admitted_call`).
     """
     session = await runtime.open_workflow(
         workflow.workflow_id,
@@ -502,7 +713,8 @@ async def _replay_step(session: Any, step: Step, retries: int = 1) -> Reply | No
     repeat: int | None = None
     for _ in range(retries + 1):
         try:
-            return await session.call(
+            return await admitted_call(
+                session,
                 step.agent,
                 step.segments,
                 max_new_tokens=max(1, step.output_tokens),
@@ -574,9 +786,31 @@ async def serve_app(
 ) -> list[WorkflowOutcome]:
     """Run ``app`` on every task through ``runtime``, ``concurrency`` at a time.
 
+    The graph is validated once, and the ids checked, before any workflow starts. A
+    workflow's calls wait while the runtime is at its admission limit
+    (``max_calls_in_flight``: the engine's batch plus its queue) rather than fail, so
+    any ``concurrency`` is served, a fan-out's branches included.
+
+    Args:
+        runtime: a running :class:`~pbkv.live.session.Runtime`.
+        app / tasks: the graph and what its workflows work on, one each.
+        concurrency: workflows open at once (>= 1).
+        workflow_ids: one unique, non-empty id per task, none open in ``runtime``;
+            default ``f"{app.name}-{i}"``.
+        arrivals_s: each workflow's earliest start, seconds from now (open loop).
+        seed: seeds the simulated replies' streams (sim engine).
+        on_outcome: called with each outcome as its workflow ends.
+
+    Returns:
+        The outcomes, in completion order.
+
     Raises:
-        ValueError: as :func:`serve_many`; ``workflow_ids`` of another length.
+        ValueError: as :func:`serve_many`; ``workflow_ids`` of another length, with a
+            duplicate, an empty id or one already open (named); a broken graph
+            (:meth:`App.validate`).
+        TypeError: as :meth:`App.validate`.
     """
+    app.validate()
     ids = (
         list(workflow_ids)
         if workflow_ids is not None
@@ -584,13 +818,30 @@ async def serve_app(
     )
     if len(ids) != len(tasks):
         raise ValueError("workflow_ids must give one id per task")
+    _check_ids(runtime, ids)
     starters = [
-        functools.partial(run_workflow, runtime, app, task, workflow_id=wf_id, seed=seed)
+        functools.partial(_run_workflow, runtime, app, task, workflow_id=wf_id, seed=seed)
         for task, wf_id in zip(tasks, ids, strict=True)
     ]
     return await serve_many(
         starters, concurrency=concurrency, arrivals_s=arrivals_s, on_outcome=on_outcome
     )
+
+
+def _check_ids(runtime: Runtime, ids: Sequence[str]) -> None:
+    """Refuse workflow ids that :meth:`Runtime.open_workflow` would refuse mid-run."""
+    for wf_id in ids:
+        if not isinstance(wf_id, str) or not wf_id:
+            raise ValueError(f"workflow_ids must be non-empty strings, got {wf_id!r}")
+    duplicated = [wf_id for wf_id, n in Counter(ids).items() if n > 1]
+    if duplicated:
+        raise ValueError(
+            f"workflow_ids must be unique; {duplicated[0]!r} is given "
+            f"{Counter(ids)[duplicated[0]]} times"
+        )
+    open_now = sorted(set(ids) & set(runtime.active_workflows()))
+    if open_now:
+        raise ValueError(f"workflow {open_now[0]!r} is already open in this runtime")
 
 
 async def serve_replays(

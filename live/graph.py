@@ -161,7 +161,8 @@ PromptBuilder = Callable[[State], Sequence[Mapping[str, Any]] | TokenPrompt]
 the whole prompt as a :class:`TokenPrompt`."""
 SimulateReply = Callable[[State], Simulated]
 Router = Callable[[State, Reply | ToolResult], str | Sequence[str]]
-ToolFunction = Callable[[State], Awaitable[str]]
+ToolFunction = Callable[[State], Awaitable[str] | str]
+"""State → the tool's output text: an ``async def`` or a plain function."""
 SimulateTool = Callable[[State], tuple[str, float] | ToolResult]
 TaskSource = Callable[[int, int], LiveTask]
 """``(seed, index)`` → task ``index`` of the workload drawn with ``seed``."""
@@ -211,13 +212,16 @@ class App:
 
     Raises:
         ValueError: empty name or ``recursion_limit < 1``.
+        TypeError: a ``preamble`` that is not text, or a ``recursion_limit`` that is
+            not an int.
     """
 
     def __init__(self, name: str, *, preamble: str = "", recursion_limit: int = 25) -> None:
-        if not name:
-            raise ValueError("app name must not be empty")
-        if recursion_limit < 1:
-            raise ValueError(f"recursion_limit must be >= 1, got {recursion_limit}")
+        if not name or not isinstance(name, str):
+            raise ValueError(f"app name must be a non-empty string, got {name!r}")
+        if not isinstance(preamble, str):
+            raise TypeError(f"app {name!r}: preamble must be a str, got {type(preamble).__name__}")
+        _check_int(f"app {name!r}", "recursion_limit", recursion_limit, minimum=1)
         self.name = name
         self.preamble = preamble
         self.recursion_limit = recursion_limit
@@ -251,20 +255,36 @@ class App:
             max_new_tokens: decode budget.
             sampling: how a real engine samples this agent's tokens.
             simulate: the reply on the sim engine (text routers parse, length, gap).
-            max_visits: runs allowed per workflow; one more ends it ``recursion_limit``
-                (a retry cap).
-            max_retries: retries of a call the engine failed before the workflow
-                ends ``error``.
+            max_visits: runs allowed per workflow (an int >= 0, or ``None`` for no
+                cap); one more ends it ``recursion_limit`` (a retry cap; ``0``: reaching
+                the node ends the workflow).
+            max_retries: retries (an int >= 0) of a call the engine failed before the
+                workflow ends ``error``.
 
         Returns:
             The app, for chaining.
 
         Raises:
-            ValueError: a taken or reserved name, or a non-positive budget.
+            ValueError: a taken or reserved name, a ``max_new_tokens < 1``, a negative
+                ``max_visits`` or ``max_retries`` (the agent and field are named).
+            TypeError: a field of the wrong type: ``role`` not a str, ``prompt`` or
+                ``simulate`` not callable, ``sampling`` not a :class:`Sampling`, a
+                count not an int.
         """
         self._check_new(name)
-        if max_new_tokens < 1:
-            raise ValueError(f"agent {name!r}: max_new_tokens must be >= 1")
+        owner = f"agent {name!r}"
+        if not isinstance(role, str):
+            raise TypeError(f"{owner}: role must be a str, got {type(role).__name__}")
+        _check_callable(owner, "prompt", prompt, optional=True)
+        _check_callable(owner, "simulate", simulate, optional=True)
+        if not isinstance(sampling, Sampling):
+            raise TypeError(
+                f"{owner}: sampling must be a pbkv.Sampling, got {type(sampling).__name__}"
+            )
+        _check_int(owner, "max_new_tokens", max_new_tokens, minimum=1)
+        _check_int(owner, "max_retries", max_retries, minimum=0)
+        if max_visits is not None:
+            _check_int(owner, "max_visits", max_visits, minimum=0)
         self.nodes[name] = AgentNode(
             name, role, prompt, max_new_tokens, sampling, simulate, max_visits, max_retries
         )
@@ -278,17 +298,26 @@ class App:
         simulate: SimulateTool | None = None,
         max_visits: int | None = None,
     ) -> App:
-        """Declare a tool: ``await run(state)`` returns its output text.
+        """Declare a tool: ``run(state)`` returns its output text.
 
-        On real engines the function runs and its wall-clock latency counts; on the sim
-        engine ``simulate(state)`` gives ``(text, latency_s)`` (or a :class:`ToolResult`
-        with the message's exact ids) in virtual time (without it the function runs
-        there too, at no virtual cost).
+        ``run`` may be an ``async def`` (awaited) or a plain function (called in the
+        event loop, so it should be quick: a slow one blocks every workflow; wrap
+        blocking work in ``trio.to_thread.run_sync``). On real engines the function
+        runs and its wall-clock latency counts; on the sim engine ``simulate(state)``
+        gives ``(text, latency_s)`` (or a :class:`ToolResult` with the message's exact
+        ids) in virtual time (without it the function runs there too, at no virtual
+        cost). ``max_visits`` caps its runs as :meth:`agent`'s does.
 
         Raises:
-            ValueError: a taken or reserved name.
+            ValueError: a taken or reserved name, or a negative ``max_visits``.
+            TypeError: ``run`` or ``simulate`` not callable, ``max_visits`` not an int.
         """
         self._check_new(name)
+        owner = f"tool {name!r}"
+        _check_callable(owner, "run", run, optional=False)
+        _check_callable(owner, "simulate", simulate, optional=True)
+        if max_visits is not None:
+            _check_int(owner, "max_visits", max_visits, minimum=0)
         self.nodes[name] = ToolNode(name, run, simulate, max_visits)
         return self
 
@@ -297,6 +326,7 @@ class App:
 
         Raises:
             ValueError: an unknown node, or ``source`` already has a router.
+            TypeError: ``source`` or ``target`` is not a node name (a str).
         """
         self._check_endpoints(source, [target])
         if source in self.routers:
@@ -310,7 +340,16 @@ class App:
 
         Raises:
             ValueError: an unknown node, no targets, or ``source`` already has edges.
+            TypeError: ``router`` not callable, or ``targets`` not a sequence of node
+                names (a bare string is refused: write ``["coder"]``, not ``"coder"``).
         """
+        _check_callable(f"router of {source!r}", "router", router, optional=False)
+        if isinstance(targets, str) or not isinstance(targets, Sequence):
+            hint = f"; write [{targets!r}]" if isinstance(targets, str) else ""
+            raise TypeError(
+                f"router of {source!r}: targets must be a sequence of node names, "
+                f"got {type(targets).__name__} {targets!r}{hint}"
+            )
         if not targets:
             raise ValueError(f"router of {source!r} must declare its targets")
         self._check_endpoints(source, targets)
@@ -398,13 +437,31 @@ class App:
         return tuple(sorted(out))
 
     def validate(self) -> None:
-        """Check the graph: an entry, every node reachable, every node with a way out.
+        """Check the graph: nodes, an entry, every node reachable, every node with a way
+        out, no entry node capped at zero visits, a valid ``recursion_limit``.
+
+        :func:`~pbkv.live.driver.run_workflow`, :func:`~pbkv.live.driver.serve_app`
+        and the dry runs call it before running (once per call).
 
         Raises:
             ValueError: the first problem found, naming the node.
+            TypeError: ``recursion_limit`` is not an int.
         """
+        _check_int(f"app {self.name!r}", "recursion_limit", self.recursion_limit, minimum=1)
+        if not self.nodes:
+            raise ValueError(f"app {self.name!r} declares no agents or tools")
         if not self.entry_nodes:
-            raise ValueError(f"app {self.name!r} has no edge from START")
+            raise ValueError(
+                f"app {self.name!r} has no edge from START (add app.edge(START, node))"
+            )
+        if all(n == END for n in self.entry_nodes):
+            raise ValueError(f"app {self.name!r}: START leads only to END; no node would run")
+        for node in self.entry_nodes:
+            if node != END and self.nodes[node].max_visits == 0:
+                raise ValueError(
+                    f"node {node!r} follows START but has max_visits=0: "
+                    "every workflow would end recursion_limit before it runs"
+                )
         seen, stack = set(), list(self.entry_nodes)
         while stack:
             node = stack.pop()
@@ -444,8 +501,27 @@ class App:
             raise ValueError(f"node {name!r} is already declared")
 
     def _check_endpoints(self, source: str, targets: Sequence[str]) -> None:
+        for end in (source, *targets):
+            if not isinstance(end, str):
+                raise TypeError(f"edge ends must be node names (str), got {end!r}")
         if source != START and source not in self.nodes:
             raise ValueError(f"unknown node {source!r}; declare it before its edges")
         for target in targets:
             if target != END and target not in self.nodes:
                 raise ValueError(f"unknown node {target!r}; declare it before its edges")
+
+
+def _check_int(owner: str, name: str, value: Any, *, minimum: int) -> None:
+    """Refuse a count that is not an int (``bool`` included) or is below ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value}")
+
+
+def _check_callable(owner: str, name: str, value: Any, *, optional: bool) -> None:
+    """Refuse a hook that is not callable (``None`` too, unless ``optional``)."""
+    if value is None and optional:
+        return
+    if not callable(value):
+        raise TypeError(f"{owner}: {name} must be callable, got {type(value).__name__} {value!r}")
