@@ -226,9 +226,14 @@ class Runtime:
         session = WorkflowSession(self, wf_id, app, task_id, task_text, tenant)
         self._active[wf_id] = session
         self._started += 1
-        await self._kv_manager.tell(
-            WorkflowStarted(wf_id, app, task_id or wf_id, tenant, now_s(), task_text)
-        )
+        try:
+            await self._kv_manager.tell(
+                WorkflowStarted(wf_id, app, task_id or wf_id, tenant, now_s(), task_text)
+            )
+        except BaseException:  # the runtime is stopped, or the caller cancelled: never opened
+            del self._active[wf_id]
+            self._started -= 1
+            raise
         return session
 
     @asynccontextmanager

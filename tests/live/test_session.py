@@ -168,3 +168,12 @@ async def test_torch_leaving_a_stream_early_withdraws_it_without_failing_the_eng
                 await trio.sleep(0.01)
         assert rt.system.statistics()["engine"].restarts == 0
         assert rt.statistics().engine.decode_tokens < 200
+
+
+async def test_a_workflow_the_stopped_runtime_cannot_start_is_not_left_open(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt:
+        pass
+    with pytest.raises(pbkv.runtime.ActorStopped):
+        await rt.open_workflow("late")
+    assert rt.active_workflows() == ()
+    assert (rt.statistics().workflows_active, rt.statistics().workflows_started) == (0, 0)
