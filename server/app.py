@@ -45,7 +45,7 @@ from pbkv.server.schemas import (
 )
 from pbkv.server.sessions import Lease, SessionRegistry
 from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
-from pbkv.server.stop import StopCutter
+from pbkv.server.stop import StopCutter, StopWatch
 
 log = logging.getLogger(__name__)
 
@@ -473,6 +473,12 @@ class OpenAIApp:
             else:
                 await self._whole(lease, hints.agent, generation, responder, headers)
 
+    def _stop_watch(self, generation: _Generation) -> StopWatch | None:
+        """Return what ends decoding at the token completing a stop sequence, if any."""
+        if not generation.stops:
+            return None
+        return StopWatch(generation.stops, self._runtime.chat.decode)
+
     def _ident(self, endpoint: str) -> str:
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
         return f"{prefix}-{secrets.token_hex(12)}"
@@ -490,6 +496,7 @@ class OpenAIApp:
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
+            until=self._stop_watch(generation),
         )
         cutter = StopCutter(generation.stops)
         text = cutter.feed(reply.text) + cutter.flush()
@@ -519,6 +526,7 @@ class OpenAIApp:
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
+            until=self._stop_watch(generation),
         ) as stream:
             async for delta in stream:
                 if not responder.started:  # errors before the first token answer as JSON

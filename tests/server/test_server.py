@@ -399,3 +399,45 @@ async def test_without_max_tokens_the_budget_is_what_the_context_leaves():
         assert reply.usage.completion_tokens == room
     else:  # the random model may end its turn early
         assert reply.usage.completion_tokens < room
+
+
+async def test_a_stop_sequence_ends_decoding_where_it_completes(served: Served):
+    client = served.client()
+    messages = chat("Count from 1 to 100, one number per line.")
+    budget = 40
+
+    def ask(stop=None, stream=False):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=budget,
+            stop=stop,
+            stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+            **GREEDY,
+        )
+        if not stream:
+            return reply.choices[0].message.content, reply.choices[0].finish_reason, reply.usage
+        chunks = list(reply)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        return text, finish, chunks[-1].usage
+
+    def decoded() -> int:
+        return served.runtime.statistics().engine.decode_tokens
+
+    full, finish, usage = await served.run(ask)
+    assert (finish, usage.completion_tokens) == ("length", budget)  # the random model rambles
+    stop = full[2:5]
+    before = decoded()
+    cut, cut_finish, cut_usage = await served.run(ask, [stop])
+    whole_decoded = decoded() - before
+    streamed, streamed_finish, streamed_usage = await served.run(ask, [stop], True)
+    streamed_decoded = decoded() - before - whole_decoded
+    assert cut == streamed == full[: full.find(stop)]
+    assert cut_finish == streamed_finish == "stop"
+    n = cut_usage.completion_tokens
+    assert 1 <= n < 10 and streamed_usage.completion_tokens == n
+    assert whole_decoded == streamed_decoded == n - 1  # the first token is the prefill's
+    served.runtime.kv.check_integrity()
+    assert served.runtime.statistics().leases == 0
