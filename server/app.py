@@ -160,11 +160,37 @@ class _Generation:
 
     endpoint: str
     prompt: tuple[Any, ...]  # pbkv.Segment s, templated once here
+    prompt_tokens: int
     max_new_tokens: int
+    budget_param: str  # the request field the budget came from (max_tokens...)
     sampling: Any
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+
+    @property
+    def prompt_param(self) -> str:
+        """The request field that holds the prompt."""
+        return "messages" if self.endpoint == "chat" else "prompt"
+
+
+def _never_fits(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error in its cause chain) says the request can never fit
+    the GPU KV tier: :class:`RequestTooLarge`, or the live runtime's :class:`CallFailed`
+    that carries it as text (the only engine error that is not retryable)."""
+    from pbkv.engines.base import RequestTooLarge
+    from pbkv.live.session import CallFailed
+
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RequestTooLarge):
+            return True
+        if isinstance(error, CallFailed) and not error.retryable:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _usage(reply: Any) -> Usage:
@@ -184,6 +210,17 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     if len(stops) > 4:
         raise APIError(400, f"stop: at most 4 sequences, got {len(stops)}", param="stop")
     return stops
+
+
+def _context_error(param: str, prompt_tokens: int, budget: int, context: int) -> APIError:
+    """Return the 400 of a request past the context length, naming the field at fault."""
+    return APIError(
+        400,
+        f"{param}: this model's context length is {context} tokens; the request needs "
+        f"{prompt_tokens + budget} ({prompt_tokens} in the prompt, {budget} to generate)",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 class OpenAIApp:
@@ -323,6 +360,8 @@ class OpenAIApp:
         match exc:
             case APIError():
                 return exc
+            case _ if _never_fits(exc):  # normally named by _serve; this is the fallback
+                return APIError(400, str(exc), code="context_length_exceeded")
             case PromptTooLong():
                 return APIError(400, str(exc), param="messages", code="context_length_exceeded")
             case Overloaded():
@@ -383,8 +422,7 @@ class OpenAIApp:
         messages = [
             {"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages
         ]
-        budget = request.max_completion_tokens or request.max_tokens
-        await self._serve(scope, request, "chat", messages, budget, responder)
+        await self._serve(scope, request, "chat", messages, responder)
 
     async def _completions(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         request = decode_body(COMPLETION_DECODER, body)
@@ -399,7 +437,7 @@ class OpenAIApp:
             prompt = prompt[0]
         if not prompt:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-        await self._serve(scope, request, "text", prompt, request.max_tokens, responder)
+        await self._serve(scope, request, "text", prompt, responder)
 
     # Serving one generation
 
@@ -423,7 +461,6 @@ class OpenAIApp:
         endpoint: str,
         request: ChatCompletionRequest | CompletionRequest,
         prompt: str | list[dict[str, str]],
-        budget: int | None,
     ) -> _Generation:
         from pbkv.actors.workload import Segment
         from pbkv.engines.base import Sampling
@@ -435,9 +472,18 @@ class OpenAIApp:
             segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
         else:
             segments = chat.segments(prompt)
+        prompt_tokens = sum(len(s.token_ids) for s in segments)
+        budget_param, budget = "max_tokens", request.max_tokens
+        if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
+            budget_param, budget = "max_completion_tokens", request.max_completion_tokens
+        room = chat.context_length_tokens - prompt_tokens
+        prompt_param = "messages" if endpoint == "chat" else "prompt"
+        if room < 1:
+            raise _context_error(prompt_param, prompt_tokens, 1, chat.context_length_tokens)
         if budget is None:  # as OpenAI: what the context leaves, up to the default
-            room = chat.context_length_tokens - sum(len(s.token_ids) for s in segments)
-            budget = max(1, min(self._config.default_max_tokens, room))
+            budget = min(self._config.default_max_tokens, room)
+        elif budget > room:
+            raise _context_error(budget_param, prompt_tokens, budget, chat.context_length_tokens)
         temperature = 1.0 if request.temperature is None else request.temperature
         top_p = 1.0 if request.top_p is None else request.top_p
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=request.seed)
@@ -445,7 +491,9 @@ class OpenAIApp:
         return _Generation(
             endpoint=endpoint,
             prompt=segments,
+            prompt_tokens=prompt_tokens,
             max_new_tokens=budget,
+            budget_param=budget_param,
             sampling=sampling,
             stops=_stops(request.stop),
             stream=request.stream,
@@ -458,20 +506,40 @@ class OpenAIApp:
         request: ChatCompletionRequest | CompletionRequest,
         endpoint: str,
         prompt: str | list[dict[str, str]],
-        budget: int | None,
         responder: _Responder,
     ) -> None:
         if self.draining:
             raise self._draining_error()
         self._check_model(request.model)
-        generation = self._generation(endpoint, request, prompt, budget)
+        generation = self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
-        async with self._sessions.workflow(hints) as lease:
-            headers = [(b"x-pbkv-workflow-id", lease.workflow.workflow_id.encode())]
-            if generation.stream:
-                await self._stream(lease, hints.agent, generation, responder, headers)
-            else:
-                await self._whole(lease, hints.agent, generation, responder, headers)
+        try:
+            async with self._sessions.workflow(hints) as lease:
+                headers = [(b"x-pbkv-workflow-id", lease.workflow.workflow_id.encode())]
+                if generation.stream:
+                    await self._stream(lease, hints.agent, generation, responder, headers)
+                else:
+                    await self._whole(lease, hints.agent, generation, responder, headers)
+        except Exception as exc:
+            if _never_fits(exc):
+                raise self._tier_error(exc, generation) from exc
+            raise
+
+    def _tier_error(self, exc: Exception, generation: _Generation) -> APIError:
+        """Return the 400 of a request that can never fit the GPU KV tier, naming the
+        prompt, or the budget when the prompt alone would fit."""
+        param = generation.prompt_param
+        kv = getattr(self._runtime, "kv", None)
+        if kv is not None and hasattr(kv, "blocks_needed"):
+            capacity = kv.config.gpu_capacity_blocks
+            if kv.blocks_needed(generation.prompt_tokens, 1) <= capacity:
+                param = generation.budget_param
+        return APIError(
+            400,
+            f"{param}: the request never fits the GPU KV cache tier: {exc}",
+            param=param,
+            code="context_length_exceeded",
+        )
 
     def _stop_watch(self, generation: _Generation) -> StopWatch | None:
         """Return what ends decoding at the token completing a stop sequence, if any."""

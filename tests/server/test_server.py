@@ -441,3 +441,43 @@ async def test_a_stop_sequence_ends_decoding_where_it_completes(served: Served):
     assert whole_decoded == streamed_decoded == n - 1  # the first token is the prefill's
     served.runtime.kv.check_integrity()
     assert served.runtime.statistics().leases == 0
+
+
+async def _error(served: Served, path: str, body: dict) -> tuple[int, dict]:
+    response = await served.http("POST", path, json=body)
+    return response.status_code, msgspec.json.decode(response.content)["error"]
+
+
+async def test_past_the_context_length_param_names_the_prompt_or_the_budget(served: Served):
+    long, short = "word " * 9000, [{"role": "user", "content": "Say hi."}]
+    status, err = await _error(served, "/v1/completions", {"model": "tiny", "prompt": long})
+    assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "prompt")
+    status, err = await _error(
+        served,
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": long}], "max_tokens": 4},
+    )
+    assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "messages")
+    for budget in ("max_tokens", "max_completion_tokens"):
+        body = {"model": "tiny", "messages": short, budget: 10000}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", budget)
+    status, err = await _error(
+        served, "/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 10000}
+    )
+    assert (status, err["param"]) == (400, "max_tokens")
+
+
+async def test_a_request_that_can_never_fit_the_gpu_tier_is_a_400_not_a_500():
+    async with serving(engine="sim", gpu_kv_tokens=256, host_kv_tokens=256) as served:
+        model = served.server.app.model
+        words = [{"role": "user", "content": "word " * 500}]
+        body = {"model": model, "messages": words, "max_tokens": 4}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "messages")
+        assert "16" in err["message"]  # the tier's blocks
+        body = {"model": model, "messages": chat("Hi."), "max_tokens": 400}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "max_tokens")
+        stats = served.runtime.statistics()
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
