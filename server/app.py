@@ -212,6 +212,24 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
+def _headers(scope: Scope) -> dict[str, str]:
+    """Return the request headers, names lower-case, values decoded as UTF-8.
+
+    Raises:
+        APIError: 400 naming the header whose value is not valid UTF-8.
+    """
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()  # header names are ASCII tokens
+        try:
+            headers[name] = raw_value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise APIError(
+                400, f"header {name}: the value is not valid UTF-8", param=name
+            ) from None
+    return headers
+
+
 def _context_error(param: str, prompt_tokens: int, budget: int, context: int) -> APIError:
     """Return the 400 of a request past the context length, naming the field at fault."""
     return APIError(
@@ -245,6 +263,7 @@ class OpenAIApp:
             ("POST", "/v1/completions"): self._completions,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
+            ("HEAD", "/health"): self._health_head,
             ("GET", "/stats"): self._stats,
             ("GET", "/metrics"): self._metrics,
         }
@@ -294,6 +313,7 @@ class OpenAIApp:
             with trio.CancelScope() as request_scope:
                 async with trio.open_nursery() as nursery:
                     try:
+                        self._authenticate(scope)
                         route, handler = self._route(scope["method"], scope["path"])
                         body = await self._read_body(receive)
                         nursery.start_soon(
@@ -311,6 +331,20 @@ class OpenAIApp:
         finally:
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
+
+    def _authenticate(self, scope: Scope) -> str:
+        """Return the tenant of the request's API key; ``/v1`` routes and ``/stats`` (it
+        lists every tenant's workflows) need a known key when keys are configured,
+        before anything else is looked at. ``/health`` and ``/metrics`` stay open, as in
+        vLLM, for probes and scrapers.
+
+        Raises:
+            APIError: 401 for a missing or unknown key; 400 for a header not in UTF-8.
+        """
+        path = scope["path"]
+        if self._config.api_keys is None or not (path.startswith("/v1") or path == "/stats"):
+            return ""
+        return key_tenant(_headers(scope), self._config.api_keys)
 
     async def _read_body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -387,6 +421,11 @@ class OpenAIApp:
             raise self._draining_error()
         await responder.whole(200, encode({"status": "ok", "model": self.model}))
 
+    async def _health_head(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        if self.draining:
+            raise self._draining_error()
+        await responder.whole(200, b"")
+
     def _draining_error(self) -> APIError:
         return APIError(
             503,
@@ -452,7 +491,7 @@ class OpenAIApp:
             )
 
     def _hints(self, scope: Scope, request: ChatCompletionRequest | CompletionRequest) -> Hints:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
         tenant = key_tenant(headers, self._config.api_keys)
         return resolve_hints(headers, request.pbkv, cache_salt=request.cache_salt, tenant=tenant)
 
@@ -547,6 +586,19 @@ class OpenAIApp:
             return None
         return StopWatch(generation.stops, self._runtime.chat.decode)
 
+    def _finish_reason(self, reply: Any, generation: _Generation, cutter: StopCutter) -> str:
+        """Return OpenAI's ``finish_reason``: ``stop`` at a stop sequence or the end of
+        turn, ``length`` when the reply used up ``max_tokens`` without either.
+
+        The sim engine samples nothing: its reply is filler up to the budget, closed by
+        an end-of-turn marker that is part of the filler, so it ends by ``length``.
+        """
+        if cutter.stopped:
+            return "stop"
+        if not self._runtime.samples_tokens:
+            return "length" if len(reply.token_ids) >= generation.max_new_tokens else "stop"
+        return str(reply.finish_reason)
+
     def _ident(self, endpoint: str) -> str:
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
         return f"{prefix}-{secrets.token_hex(12)}"
@@ -568,7 +620,7 @@ class OpenAIApp:
         )
         cutter = StopCutter(generation.stops)
         text = cutter.feed(reply.text) + cutter.flush()
-        finish = "stop" if cutter.stopped else reply.finish_reason
+        finish = self._finish_reason(reply, generation, cutter)
         ident, created = self._ident(generation.endpoint), int(time.time())
         if generation.endpoint == "chat":
             choice = ChatChoice(0, AssistantMessage(text), finish)
@@ -611,7 +663,7 @@ class OpenAIApp:
         tail = cutter.flush()
         if tail:
             await responder.event(frames.piece(tail))
-        await responder.event(frames.finish("stop" if cutter.stopped else reply.finish_reason))
+        await responder.event(frames.finish(self._finish_reason(reply, generation, cutter)))
         if generation.include_usage:
             await responder.event(frames.usage(_usage(reply)))
         await responder.end_events()

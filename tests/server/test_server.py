@@ -481,3 +481,69 @@ async def test_a_request_that_can_never_fit_the_gpu_tier_is_a_400_not_a_500():
         assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "max_tokens")
         stats = served.runtime.statistics()
     assert (stats.calls_in_flight, stats.leases) == (0, 0)
+
+
+async def test_with_api_keys_every_v1_route_and_stats_authenticate_first():
+    async with serving(ServerConfig(port=0, api_keys={"key-a": "acme"})) as served:
+        bad_json = await served.http("POST", "/v1/chat/completions", content=b"{")
+        wrong_model = await served.http(
+            "POST", "/v1/chat/completions", json={"model": "gpt-9", "messages": chat("x")}
+        )
+        no_route = await served.http("GET", "/v1/nothing")
+        models = await served.http("GET", "/v1/models")
+        stats = await served.http("GET", "/stats")
+        keyed = await served.http("GET", "/stats", headers={"Authorization": "Bearer key-a"})
+        health = await served.http("GET", "/health")
+        metrics = await served.http("GET", "/metrics")
+    refused = [bad_json, wrong_model, no_route, models, stats]
+    assert [r.status_code for r in refused] == [401] * 5
+    assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert "tiny" not in wrong_model.text  # the served model is not named to strangers
+    assert (keyed.status_code, health.status_code, metrics.status_code) == (200, 200, 200)
+
+
+async def test_head_health_answers_200_without_a_body(served: Served):
+    response = await served.http("HEAD", "/health")
+    assert (response.status_code, response.content) == (200, b"")
+
+
+async def test_header_hints_are_utf8_and_one_length_limit_holds_for_headers_and_body(
+    served: Served,
+):
+    def ask(headers=None, body=None):
+        return served.http(
+            "POST",
+            "/v1/chat/completions",
+            headers=headers or {},
+            json={"model": "tiny", "messages": chat("x"), "max_tokens": 1, **(body or {})},
+        )
+
+    name = "ünïcode"
+    response = await ask({"X-PBKV-Workflow-Id": name.encode(), "X-PBKV-Agent": name.encode()})
+    assert response.status_code == 200
+    assert dict(response.headers.raw)[b"x-pbkv-workflow-id"].decode() == name  # UTF-8
+    assert served.runtime.active_workflows() == (name,)
+    assert served.runtime.statistics().agents_by_workflow[name] == (name,)
+    invalid = await ask({"X-PBKV-Agent": b"\xff\xfe"})
+    assert (invalid.status_code, invalid.json()["error"]["param"]) == (400, "x-pbkv-agent")
+    for length, status in ((256, 200), (257, 400)):
+        agent = "a" * length
+        by_header = await ask({"X-PBKV-Agent": agent})
+        by_body = await ask(body={"pbkv": {"agent": agent}})
+        assert (by_header.status_code, by_body.status_code) == (status, status)
+
+
+async def test_on_the_sim_engine_a_reply_that_uses_up_max_tokens_finishes_by_length():
+    async with serving(engine="sim") as served:
+        client = served.client()
+
+        def ask(**kwargs):
+            reply = client.chat.completions.create(
+                model=served.server.app.model, messages=chat("Hi."), max_tokens=8, **kwargs
+            )
+            return reply.choices[0].finish_reason, reply.usage.completion_tokens
+
+        used_up = await served.run(ask)
+        stopped = await served.run(lambda: ask(stop=["."]))
+    assert used_up == ("length", 8)
+    assert stopped == ("stop", 1)  # the filler's first token completes the stop
