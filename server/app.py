@@ -257,6 +257,9 @@ class OpenAIApp:
         self.model = config.served_model_name or runtime.model_name
         self.http = HTTPCounters()
         self.draining = False
+        self._generating = 0  # chat and text completions in flight
+        self._requests: set[trio.CancelScope] = set()
+        self._cut: set[trio.CancelScope] = set()  # cancelled by drain, not by the client
         self._created = int(time.time())  # OpenAI's "created" is Unix wall-clock seconds
         self._routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
@@ -294,6 +297,31 @@ class OpenAIApp:
             http=self.http,
         )
 
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking generation requests and let those in flight finish.
+
+        From now on a new completion request (and ``/health``) gets 503 with
+        ``Retry-After``; the requests in flight have ``timeout_s`` to finish. Those still
+        running then are cancelled (their engine requests withdrawn) and answered 503
+        ``shutting_down``: a stream gets an error event and ``data: [DONE]``. Returns
+        once no completion is in flight (or a second later, whatever a client does).
+
+        Mutates: ``draining``.
+        """
+        self.draining = True
+        with trio.move_on_after(timeout_s):
+            while self._generating:
+                await trio.sleep(0.05)
+        if not self._generating:
+            return
+        log.warning("cutting %d requests still in flight at shutdown", self._generating)
+        for scope in list(self._requests):
+            self._cut.add(scope)
+            scope.cancel()
+        with trio.move_on_after(1.0):
+            while self._requests & self._cut:
+                await trio.sleep(0.01)
+
     def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[None]]]:
         path = path.rstrip("/") or "/"
         handler = self._routes.get((method, path))
@@ -309,8 +337,10 @@ class OpenAIApp:
         responder = _Responder(send)
         route = "unrouted"
         self.http.in_flight += 1
+        request_scope = trio.CancelScope()
+        self._requests.add(request_scope)
         try:
-            with trio.CancelScope() as request_scope:
+            with request_scope:
                 async with trio.open_nursery() as nursery:
                     try:
                         self._authenticate(scope)
@@ -325,10 +355,14 @@ class OpenAIApp:
                     except Exception as exc:  # answered as an error body, never a crash
                         await self._answer_error(responder, exc)
                     nursery.cancel_scope.cancel()
-            if request_scope.cancelled_caught and not responder.done:
+            if request_scope in self._cut and not responder.done:
+                await self._answer_error(responder, self._draining_error())
+            elif request_scope.cancelled_caught and not responder.done:
                 self.http.disconnects += 1
                 log.info("client disconnected from %s; request cancelled", route)
         finally:
+            self._requests.discard(request_scope)
+            self._cut.discard(request_scope)
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
 
@@ -549,6 +583,20 @@ class OpenAIApp:
     ) -> None:
         if self.draining:
             raise self._draining_error()
+        self._generating += 1
+        try:
+            await self._generate(scope, request, endpoint, prompt, responder)
+        finally:
+            self._generating -= 1
+
+    async def _generate(
+        self,
+        scope: Scope,
+        request: ChatCompletionRequest | CompletionRequest,
+        endpoint: str,
+        prompt: str | list[dict[str, str]],
+        responder: _Responder,
+    ) -> None:
         self._check_model(request.model)
         generation = self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
