@@ -69,7 +69,11 @@ class GenerateRequest:
             preamble + role prompt; KVFlow protects these).
         sampling: how real engines pick tokens (greedy by default).
         on_token: called in the event loop with each output token id as it is
-            produced (streaming); must not block.
+            produced (streaming); must not block or raise. Returning ``True`` ends the
+            request after that token (a stop sequence completed): owned-cache engines
+            finish it at the end of the step like a normal finish, and its result holds
+            the tokens up to and including that one. Engines that cannot end early
+            (``trtllm``) ignore the return value.
     """
 
     request_id: str
@@ -82,7 +86,7 @@ class GenerateRequest:
     namespace: str = ""
     fixed_prefix_tokens: int = 0
     sampling: Sampling = GREEDY
-    on_token: Callable[[int], None] | None = None
+    on_token: Callable[[int], bool | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -322,17 +322,24 @@ class OwnedCacheEngine(Generic[E]):
         if self.prefill_share is not None and idle_s > 0:
             self.prefill_share *= math.exp(-idle_s / PREFILL_SHARE_TAU_S)
 
-    def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> None:
+    def _stream(self, entry: E, output: tuple[int, ...] | list[int]) -> bool:
         """Hand ``request.on_token`` the tokens of ``output`` it has not seen yet.
 
         Called in the event loop (never from a worker thread) after each step.
+
+        Returns:
+            whether the callback asked to end the request; then ``entry.streamed`` is
+            the number of tokens of ``output`` to keep (the one it ended on included)
+            and the later ones are not handed over.
         """
         callback = entry.request.on_token
         if callback is None:
-            return
+            return False
         for token in output[entry.streamed :]:
-            callback(token)
-        entry.streamed = len(output)
+            entry.streamed += 1
+            if callback(token):
+                return True
+        return False
 
     def _fail(self, entry: E, error: BaseException) -> None:
         """End ``entry`` with ``error``, releasing its hold on the cache (§10)."""

@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import math
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -351,6 +351,7 @@ class WorkflowSession:
         simulated: Simulated | None = None,
         context_tail: str = "",
         step: int | None = None,
+        until: Callable[[int], bool] | None = None,
     ) -> Reply:
         """Call ``agent`` on ``prompt`` and return its reply.
 
@@ -365,6 +366,11 @@ class WorkflowSession:
             context_tail: the newest text in the context, for text-reading predictors.
             step: the step this call repeats (a retry after :class:`CallFailed`, whose
                 ``step`` it is); default the workflow's next step.
+            until: called with each output token id as the engine produces it (in the
+                engine's step loop: it must not block or raise); returning ``True`` ends
+                the reply after that token, so a stop sequence ends decoding where it
+                completes (``pbkv serve``'s ``stop``). Engines that cannot end a request
+                early (``trtllm``) never call it.
 
         Raises:
             ValueError / TypeError: bad arguments; ``PromptTooLong`` past the context.
@@ -380,6 +386,7 @@ class WorkflowSession:
             simulated=simulated,
             context_tail=context_tail,
             step=step,
+            until=until,
             _stream=False,
         ) as stream:
             async for _ in stream:
@@ -397,6 +404,7 @@ class WorkflowSession:
         simulated: Simulated | None = None,
         context_tail: str = "",
         step: int | None = None,
+        until: Callable[[int], bool] | None = None,
         _stream: bool = True,
     ) -> ReplyStream:
         """Call ``agent`` and stream its reply: ``async with wf.stream(...) as s``.
@@ -437,6 +445,7 @@ class WorkflowSession:
             context_tail,
             _stream,
             step,
+            until,
         )
 
     async def end(self, reason: TerminationReason = "end") -> None:
@@ -526,6 +535,7 @@ class ReplyStream:
         context_tail: str,
         streaming: bool,
         step: int | None = None,
+        until: Callable[[int], bool] | None = None,
     ) -> None:
         self.session = session
         self.agent = agent
@@ -536,6 +546,7 @@ class ReplyStream:
         self.gap_s = gap_s
         self.context_tail = context_tail
         self.streaming = streaming
+        self.until = until
         self.reply: Reply | None = None
         self.step = -1
         self._retry_step = step
@@ -627,7 +638,7 @@ class ReplyStream:
             )
         )
         send = self._tokens
-        on_token = self._on_token if self.streaming else None
+        on_token = self._on_token if self.streaming or self.until is not None else None
         await self._agent_ref.tell(
             Invoke(
                 session.workflow_id,
@@ -648,11 +659,14 @@ class ReplyStream:
         )
         self._submitted = True
 
-    def _on_token(self, token: int) -> None:
+    def _on_token(self, token: int) -> bool:
         """Forward a streamed token; one the engine emits after the caller left is dropped
-        (the engine calls this in its step loop: raising here would fail the engine)."""
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            self._tokens.send_nowait(token)
+        (the engine calls this in its step loop: raising here would fail the engine).
+        Return whether ``until`` ends the reply at this token."""
+        if self.streaming:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                self._tokens.send_nowait(token)
+        return self.until is not None and self.until(token)
 
     async def _done(self, done: InvocationDone) -> None:
         self._finished = True

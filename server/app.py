@@ -45,7 +45,7 @@ from pbkv.server.schemas import (
 )
 from pbkv.server.sessions import Lease, SessionRegistry
 from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
-from pbkv.server.stop import StopCutter
+from pbkv.server.stop import StopCutter, StopWatch
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +160,37 @@ class _Generation:
 
     endpoint: str
     prompt: tuple[Any, ...]  # pbkv.Segment s, templated once here
+    prompt_tokens: int
     max_new_tokens: int
+    budget_param: str  # the request field the budget came from (max_tokens...)
     sampling: Any
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+
+    @property
+    def prompt_param(self) -> str:
+        """The request field that holds the prompt."""
+        return "messages" if self.endpoint == "chat" else "prompt"
+
+
+def _never_fits(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error in its cause chain) says the request can never fit
+    the GPU KV tier: :class:`RequestTooLarge`, or the live runtime's :class:`CallFailed`
+    that carries it as text (the only engine error that is not retryable)."""
+    from pbkv.engines.base import RequestTooLarge
+    from pbkv.live.session import CallFailed
+
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, RequestTooLarge):
+            return True
+        if isinstance(error, CallFailed) and not error.retryable:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _usage(reply: Any) -> Usage:
@@ -186,6 +212,35 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return stops
 
 
+def _headers(scope: Scope) -> dict[str, str]:
+    """Return the request headers, names lower-case, values decoded as UTF-8.
+
+    Raises:
+        APIError: 400 naming the header whose value is not valid UTF-8.
+    """
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").lower()  # header names are ASCII tokens
+        try:
+            headers[name] = raw_value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise APIError(
+                400, f"header {name}: the value is not valid UTF-8", param=name
+            ) from None
+    return headers
+
+
+def _context_error(param: str, prompt_tokens: int, budget: int, context: int) -> APIError:
+    """Return the 400 of a request past the context length, naming the field at fault."""
+    return APIError(
+        400,
+        f"{param}: this model's context length is {context} tokens; the request needs "
+        f"{prompt_tokens + budget} ({prompt_tokens} in the prompt, {budget} to generate)",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
 class OpenAIApp:
     """The ASGI app: routes, request decoding, workflow hints, errors and statistics.
 
@@ -202,12 +257,16 @@ class OpenAIApp:
         self.model = config.served_model_name or runtime.model_name
         self.http = HTTPCounters()
         self.draining = False
+        self._generating = 0  # chat and text completions in flight
+        self._requests: set[trio.CancelScope] = set()
+        self._cut: set[trio.CancelScope] = set()  # cancelled by drain, not by the client
         self._created = int(time.time())  # OpenAI's "created" is Unix wall-clock seconds
         self._routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
+            ("HEAD", "/health"): self._health_head,
             ("GET", "/stats"): self._stats,
             ("GET", "/metrics"): self._metrics,
         }
@@ -238,6 +297,31 @@ class OpenAIApp:
             http=self.http,
         )
 
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking generation requests and let those in flight finish.
+
+        From now on a new completion request (and ``/health``) gets 503 with
+        ``Retry-After``; the requests in flight have ``timeout_s`` to finish. Those still
+        running then are cancelled (their engine requests withdrawn) and answered 503
+        ``shutting_down``: a stream gets an error event and ``data: [DONE]``. Returns
+        once no completion is in flight (or a second later, whatever a client does).
+
+        Mutates: ``draining``.
+        """
+        self.draining = True
+        with trio.move_on_after(timeout_s):
+            while self._generating:
+                await trio.sleep(0.05)
+        if not self._generating:
+            return
+        log.warning("cutting %d requests still in flight at shutdown", self._generating)
+        for scope in list(self._requests):
+            self._cut.add(scope)
+            scope.cancel()
+        with trio.move_on_after(1.0):
+            while self._requests & self._cut:
+                await trio.sleep(0.01)
+
     def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[None]]]:
         path = path.rstrip("/") or "/"
         handler = self._routes.get((method, path))
@@ -253,10 +337,13 @@ class OpenAIApp:
         responder = _Responder(send)
         route = "unrouted"
         self.http.in_flight += 1
+        request_scope = trio.CancelScope()
+        self._requests.add(request_scope)
         try:
-            with trio.CancelScope() as request_scope:
+            with request_scope:
                 async with trio.open_nursery() as nursery:
                     try:
+                        self._authenticate(scope)
                         route, handler = self._route(scope["method"], scope["path"])
                         body = await self._read_body(receive)
                         nursery.start_soon(
@@ -268,12 +355,30 @@ class OpenAIApp:
                     except Exception as exc:  # answered as an error body, never a crash
                         await self._answer_error(responder, exc)
                     nursery.cancel_scope.cancel()
-            if request_scope.cancelled_caught and not responder.done:
+            if request_scope in self._cut and not responder.done:
+                await self._answer_error(responder, self._draining_error())
+            elif request_scope.cancelled_caught and not responder.done:
                 self.http.disconnects += 1
                 log.info("client disconnected from %s; request cancelled", route)
         finally:
+            self._requests.discard(request_scope)
+            self._cut.discard(request_scope)
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
+
+    def _authenticate(self, scope: Scope) -> str:
+        """Return the tenant of the request's API key; ``/v1`` routes and ``/stats`` (it
+        lists every tenant's workflows) need a known key when keys are configured,
+        before anything else is looked at. ``/health`` and ``/metrics`` stay open, as in
+        vLLM, for probes and scrapers.
+
+        Raises:
+            APIError: 401 for a missing or unknown key; 400 for a header not in UTF-8.
+        """
+        path = scope["path"]
+        if self._config.api_keys is None or not (path.startswith("/v1") or path == "/stats"):
+            return ""
+        return key_tenant(_headers(scope), self._config.api_keys)
 
     async def _read_body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -323,6 +428,8 @@ class OpenAIApp:
         match exc:
             case APIError():
                 return exc
+            case _ if _never_fits(exc):  # normally named by _serve; this is the fallback
+                return APIError(400, str(exc), code="context_length_exceeded")
             case PromptTooLong():
                 return APIError(400, str(exc), param="messages", code="context_length_exceeded")
             case Overloaded():
@@ -347,6 +454,11 @@ class OpenAIApp:
         if self.draining:
             raise self._draining_error()
         await responder.whole(200, encode({"status": "ok", "model": self.model}))
+
+    async def _health_head(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        if self.draining:
+            raise self._draining_error()
+        await responder.whole(200, b"")
 
     def _draining_error(self) -> APIError:
         return APIError(
@@ -383,8 +495,7 @@ class OpenAIApp:
         messages = [
             {"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages
         ]
-        budget = request.max_completion_tokens or request.max_tokens
-        await self._serve(scope, request, "chat", messages, budget, responder)
+        await self._serve(scope, request, "chat", messages, responder)
 
     async def _completions(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         request = decode_body(COMPLETION_DECODER, body)
@@ -399,7 +510,7 @@ class OpenAIApp:
             prompt = prompt[0]
         if not prompt:
             raise APIError(400, "prompt: must not be empty", param="prompt")
-        await self._serve(scope, request, "text", prompt, request.max_tokens, responder)
+        await self._serve(scope, request, "text", prompt, responder)
 
     # Serving one generation
 
@@ -414,7 +525,7 @@ class OpenAIApp:
             )
 
     def _hints(self, scope: Scope, request: ChatCompletionRequest | CompletionRequest) -> Hints:
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = _headers(scope)
         tenant = key_tenant(headers, self._config.api_keys)
         return resolve_hints(headers, request.pbkv, cache_salt=request.cache_salt, tenant=tenant)
 
@@ -423,7 +534,6 @@ class OpenAIApp:
         endpoint: str,
         request: ChatCompletionRequest | CompletionRequest,
         prompt: str | list[dict[str, str]],
-        budget: int | None,
     ) -> _Generation:
         from pbkv.actors.workload import Segment
         from pbkv.engines.base import Sampling
@@ -435,9 +545,18 @@ class OpenAIApp:
             segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
         else:
             segments = chat.segments(prompt)
+        prompt_tokens = sum(len(s.token_ids) for s in segments)
+        budget_param, budget = "max_tokens", request.max_tokens
+        if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
+            budget_param, budget = "max_completion_tokens", request.max_completion_tokens
+        room = chat.context_length_tokens - prompt_tokens
+        prompt_param = "messages" if endpoint == "chat" else "prompt"
+        if room < 1:
+            raise _context_error(prompt_param, prompt_tokens, 1, chat.context_length_tokens)
         if budget is None:  # as OpenAI: what the context leaves, up to the default
-            room = chat.context_length_tokens - sum(len(s.token_ids) for s in segments)
-            budget = max(1, min(self._config.default_max_tokens, room))
+            budget = min(self._config.default_max_tokens, room)
+        elif budget > room:
+            raise _context_error(budget_param, prompt_tokens, budget, chat.context_length_tokens)
         temperature = 1.0 if request.temperature is None else request.temperature
         top_p = 1.0 if request.top_p is None else request.top_p
         sampling = Sampling(temperature=temperature, top_p=top_p, seed=request.seed)
@@ -445,7 +564,9 @@ class OpenAIApp:
         return _Generation(
             endpoint=endpoint,
             prompt=segments,
+            prompt_tokens=prompt_tokens,
             max_new_tokens=budget,
+            budget_param=budget_param,
             sampling=sampling,
             stops=_stops(request.stop),
             stream=request.stream,
@@ -458,20 +579,73 @@ class OpenAIApp:
         request: ChatCompletionRequest | CompletionRequest,
         endpoint: str,
         prompt: str | list[dict[str, str]],
-        budget: int | None,
         responder: _Responder,
     ) -> None:
         if self.draining:
             raise self._draining_error()
+        self._generating += 1
+        try:
+            await self._generate(scope, request, endpoint, prompt, responder)
+        finally:
+            self._generating -= 1
+
+    async def _generate(
+        self,
+        scope: Scope,
+        request: ChatCompletionRequest | CompletionRequest,
+        endpoint: str,
+        prompt: str | list[dict[str, str]],
+        responder: _Responder,
+    ) -> None:
         self._check_model(request.model)
-        generation = self._generation(endpoint, request, prompt, budget)
+        generation = self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
-        async with self._sessions.workflow(hints) as lease:
-            headers = [(b"x-pbkv-workflow-id", lease.workflow_id.encode())]
-            if generation.stream:
-                await self._stream(lease, hints.agent, generation, responder, headers)
-            else:
-                await self._whole(lease, hints.agent, generation, responder, headers)
+        try:
+            async with self._sessions.workflow(hints) as lease:
+                headers = [(b"x-pbkv-workflow-id", lease.workflow_id.encode())]
+                if generation.stream:
+                    await self._stream(lease, hints.agent, generation, responder, headers)
+                else:
+                    await self._whole(lease, hints.agent, generation, responder, headers)
+        except Exception as exc:
+            if _never_fits(exc):
+                raise self._tier_error(exc, generation) from exc
+            raise
+
+    def _tier_error(self, exc: Exception, generation: _Generation) -> APIError:
+        """Return the 400 of a request that can never fit the GPU KV tier, naming the
+        prompt, or the budget when the prompt alone would fit."""
+        param = generation.prompt_param
+        kv = getattr(self._runtime, "kv", None)
+        if kv is not None and hasattr(kv, "blocks_needed"):
+            capacity = kv.config.gpu_capacity_blocks
+            if kv.blocks_needed(generation.prompt_tokens, 1) <= capacity:
+                param = generation.budget_param
+        return APIError(
+            400,
+            f"{param}: the request never fits the GPU KV cache tier: {exc}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+    def _stop_watch(self, generation: _Generation) -> StopWatch | None:
+        """Return what ends decoding at the token completing a stop sequence, if any."""
+        if not generation.stops:
+            return None
+        return StopWatch(generation.stops, self._runtime.chat.decode)
+
+    def _finish_reason(self, reply: Any, generation: _Generation, cutter: StopCutter) -> str:
+        """Return OpenAI's ``finish_reason``: ``stop`` at a stop sequence or the end of
+        turn, ``length`` when the reply used up ``max_tokens`` without either.
+
+        The sim engine samples nothing: its reply is filler up to the budget, closed by
+        an end-of-turn marker that is part of the filler, so it ends by ``length``.
+        """
+        if cutter.stopped:
+            return "stop"
+        if not self._runtime.samples_tokens:
+            return "length" if len(reply.token_ids) >= generation.max_new_tokens else "stop"
+        return str(reply.finish_reason)
 
     def _ident(self, endpoint: str) -> str:
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
@@ -490,10 +664,11 @@ class OpenAIApp:
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
+            until=self._stop_watch(generation),
         )
         cutter = StopCutter(generation.stops)
         text = cutter.feed(reply.text) + cutter.flush()
-        finish = "stop" if cutter.stopped else reply.finish_reason
+        finish = self._finish_reason(reply, generation, cutter)
         ident, created = self._ident(generation.endpoint), int(time.time())
         if generation.endpoint == "chat":
             choice = ChatChoice(0, AssistantMessage(text), finish)
@@ -519,6 +694,7 @@ class OpenAIApp:
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
+            until=self._stop_watch(generation),
         ) as stream:
             async for delta in stream:
                 if not responder.started:  # errors before the first token answer as JSON
@@ -535,7 +711,7 @@ class OpenAIApp:
         tail = cutter.flush()
         if tail:
             await responder.event(frames.piece(tail))
-        await responder.event(frames.finish("stop" if cutter.stopped else reply.finish_reason))
+        await responder.event(frames.finish(self._finish_reason(reply, generation, cutter)))
         if generation.include_usage:
             await responder.event(frames.usage(_usage(reply)))
         await responder.end_events()

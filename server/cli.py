@@ -1,8 +1,17 @@
-"""The options and entry of ``pbkv serve`` (the sub-command itself is in :mod:`pbkv.cli`)."""
+"""The options and entry of ``pbkv serve`` (the sub-command itself is in :mod:`pbkv.cli`).
+
+Startup errors (an unknown model, an address that cannot be bound) leave the trio
+nursery as an exception group; :func:`run` unwraps one whose errors are all
+``ValueError`` / ``OSError`` into one error naming the option, which :func:`pbkv.cli.main`
+prints on one line (exit status 2). SIGINT or SIGTERM drains the server (see
+:meth:`pbkv.server.app.OpenAIApp.drain`); a second signal stops it at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import socket
 from typing import Any
 
 
@@ -17,6 +26,25 @@ def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {value}")
+    return value
+
+
+def _tokens(minimum: int, rule: str) -> Any:
+    """Return an argparse type: an int of at least ``minimum`` (``rule`` says why)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
 
 
@@ -56,8 +84,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="accept this API key as this tenant (repeatable); without any, every key is "
         "accepted and tenants come from cache_salt",
     )
-    p.add_argument("--gpu-kv-tokens", type=int, default=None, help="GPU KV capacity in tokens")
-    p.add_argument("--host-kv-tokens", type=int, default=None, help="host KV tier in tokens")
+    p.add_argument(
+        "--gpu-kv-tokens",
+        type=_tokens(1, ">= 1 (at least one block is used)"),
+        default=None,
+        help="GPU KV capacity in tokens",
+    )
+    p.add_argument(
+        "--host-kv-tokens",
+        type=_tokens(0, ">= 0 (0: no host tier)"),
+        default=None,
+        help="host KV tier in tokens (0: none)",
+    )
     p.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together")
     p.add_argument(
         "--max-queued-requests",
@@ -67,6 +105,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--default-max-tokens", type=int, default=256, help="decode budget when a request sets none"
+    )
+    p.add_argument(
+        "--graceful-timeout-s",
+        type=_seconds,
+        default=5.0,
+        help="at SIGINT/SIGTERM, how long requests in flight may finish (new ones get 503)",
     )
 
 
@@ -93,7 +137,11 @@ def forecasters(name: str, traces: str | None, checkpoint: str | None) -> tuple[
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    """Serve until interrupted (Ctrl-C); return the exit status."""
+    """Serve until SIGINT or SIGTERM, then drain; return the exit status.
+
+    Raises:
+        ValueError / OSError: the server could not start (one error naming the option).
+    """
     import functools
 
     import trio
@@ -118,6 +166,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
         idle_timeout_s=args.idle_timeout_s,
         api_keys=dict(args.api_keys) if args.api_keys else None,
         default_max_tokens=args.default_max_tokens,
+        graceful_timeout_s=args.graceful_timeout_s,
     )
 
     async def main() -> None:
@@ -130,9 +179,68 @@ def run(args: argparse.Namespace, console: Any) -> int:
                 f"{server.address.url}  (OpenAI base_url {server.address.base_url})",
                 soft_wrap=True,
             )
+            await _until_stopped(server.app, config.graceful_timeout_s)
+            nursery.cancel_scope.cancel()
 
     try:
-        trio.run(main)
-    except* KeyboardInterrupt:  # trio >= 0.25 raises it inside an exception group
-        console.print("pbkv serve: stopped")
+        try:
+            trio.run(main)
+        except* KeyboardInterrupt:  # Ctrl-C while starting (trio >= 0.25: in a group)
+            pass
+    except BaseExceptionGroup as group:
+        raise _startup_error(group, args) from None
+    console.print("pbkv serve: stopped")
     return 0
+
+
+async def _until_stopped(app: Any, graceful_timeout_s: float) -> None:
+    """Wait for SIGINT or SIGTERM, then drain ``app``; a second signal ends the drain."""
+    import signal
+
+    import trio
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            break
+        async with trio.open_nursery() as nursery:
+
+            async def second_signal() -> None:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(second_signal)
+            await app.drain(graceful_timeout_s)
+            nursery.cancel_scope.cancel()
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+def _startup_error(group: BaseExceptionGroup, args: argparse.Namespace) -> Exception:
+    """Return the one error to report for a start that failed with ``group``.
+
+    Raises:
+        BaseExceptionGroup: ``group`` itself, unless all its errors are ``ValueError`` /
+            ``OSError`` (those are the user's to fix; anything else is a bug to show).
+    """
+    leaves = _leaves(group)
+    if not leaves or not all(isinstance(e, ValueError | OSError) for e in leaves):
+        raise group
+    exc = leaves[0]
+    where = f"{args.host}:{args.port}"
+    if isinstance(exc, socket.gaierror):
+        return OSError(f"--host {args.host}: not an address this machine can resolve ({exc})")
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        return OSError(f"--port {args.port}: {where} is already in use")
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        return OSError(f"--host {args.host}: not an address of this machine ({exc.strerror})")
+    if isinstance(exc, OSError):
+        return OSError(f"cannot serve on {where}: {exc}")
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if args.model is not None and args.model in message:
+        return ValueError(f"--model {args.model}: {message}")
+    return ValueError(message)

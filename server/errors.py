@@ -61,21 +61,32 @@ class APIError(Exception):
 T = TypeVar("T")
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`")
+
+
+def _param(message: str) -> str | None:
+    """Return the JSON path (without ``$.``) a msgspec validation ``message`` names: the
+    field's own path for a missing required field (``messages[0].role``), else the path
+    of the bad value; ``None`` when it names none."""
+    match = _PATH.search(message)
+    path = match.group("path") if match else ""
+    missing = _MISSING.match(message)
+    if missing:
+        return f"{path}.{missing.group('field')}" if path else missing.group("field")
+    return path or None
 
 
 def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
     """Decode a request ``body`` with ``decoder``.
 
     Raises:
-        APIError: 400 naming the JSON path of the bad field (``param``), or saying the body
-            is not JSON.
+        APIError: 400 naming the JSON path of the bad or missing field (``param``), or
+            saying the body is not JSON.
     """
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        match = _PATH.search(text)
-        param = match.group("path") or None if match else None
-        raise APIError(400, f"invalid request: {text}", param=param) from None
+        raise APIError(400, f"invalid request: {text}", param=_param(text)) from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}") from None

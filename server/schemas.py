@@ -49,11 +49,17 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool = False
 
 
+MAX_HINT_CHARS = 256
+"""The longest workflow id or agent name a request may give, in the body or a header."""
+
+HintText = Annotated[str, Meta(min_length=1, max_length=MAX_HINT_CHARS)]
+
+
 class WorkflowHints(msgspec.Struct, frozen=True):
     """The ``pbkv`` body object (sent through OpenAI clients' ``extra_body``)."""
 
-    workflow_id: Annotated[str, Meta(min_length=1, max_length=256)] | None = None
-    agent: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    workflow_id: HintText | None = None
+    agent: HintText | None = None
     final: bool = False
 
 

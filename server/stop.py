@@ -1,8 +1,11 @@
 """Stop sequences applied to generated text, the same way for streamed and whole replies.
 
-Plain code, no trio. The engine generates to its own end (end of turn or the token
-budget); the server cuts the text at the first stop sequence, as OpenAI's ``stop``
-does. The stop that *completes* first wins, as in an engine that checks the text
+Plain code, no trio. :class:`StopWatch` watches the tokens as the engine produces them
+and tells it to end the request at the token that completes a stop sequence (so no
+token is decoded past it, and ``usage.completion_tokens`` counts only those generated);
+the server then cuts the text at the first stop sequence, as OpenAI's ``stop`` does
+(an engine that cannot end early, ``trtllm``, generates to its own end and is cut the
+same way). The stop that *completes* first wins, as in an engine that checks the text
 after every token (vLLM's stop strings): in ``"SbS"`` with stops ``["b", "SbS"]`` the
 reply is ``"S"``, since ``"b"`` is complete before ``"SbS"`` is. While streaming, text
 that could be the start of a stop sequence is held back until it is known not to be
@@ -11,7 +14,9 @@ one, so streamed pieces joined equal the whole reply.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+from pbkv.live.chat import IncrementalDecoder
 
 
 class StopCutter:
@@ -60,6 +65,29 @@ class StopCutter:
             if any(s.startswith(tail) for s in self._stops):
                 return n
         return 0
+
+
+class StopWatch:
+    """Say, token by token, when the generated text has completed one of ``stops``.
+
+    Called by the engine with each output token (``WorkflowSession.call(until=...)``):
+    the tokens are detokenized incrementally, as a stream is, and the first token whose
+    text completes a stop returns ``True`` (and every later one).
+
+    Args:
+        stops: stop sequences (empty strings are ignored).
+        decode: token ids → text (the runtime's ``chat.decode``).
+    """
+
+    def __init__(self, stops: Sequence[str], decode: Callable[[Sequence[int]], str]) -> None:
+        self._cutter = StopCutter(stops)
+        self._decoder = IncrementalDecoder(decode)
+
+    def __call__(self, token: int) -> bool:
+        """Add ``token``; return whether a stop sequence is complete."""
+        if not self._cutter.stopped:
+            self._cutter.feed(self._decoder.push(token))
+        return self._cutter.stopped
 
 
 def cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:

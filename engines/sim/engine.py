@@ -203,9 +203,10 @@ class SimEngine(OwnedCacheEngine[_Entry]):
             entry.generated += 1
             self._decode_tokens += 1
         for entry in [e for e in self._running if e.generated]:
-            if entry.request.on_token is not None:
-                self._stream(entry, entry.output[: entry.generated])
-            if entry.generated >= entry.request.max_new_tokens:
+            if self._stream(entry, entry.output[: entry.generated]):
+                entry.output = entry.output[: entry.streamed]  # the caller ends it here
+                self._finish(entry, now)
+            elif entry.generated >= entry.request.max_new_tokens:
                 self._finish(entry, now)
 
     def _finish(self, entry: _Entry, now: float) -> None:

@@ -347,9 +347,20 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self._counters.decode_tokens += len(plan.decodes)
         self._counters.decode_forwards += 1 if plan.decodes else 0
         for entry in self._running:
-            self._stream(entry, entry.output)
+            if self._stream(entry, entry.output) and not entry.finished:
+                self._end_here(entry)
         for entry in [e for e in self._running if e.finished]:
             self._finish(entry, now)
+
+    def _end_here(self, entry: _Entry) -> None:
+        """Finish ``entry`` at its last streamed token, as its caller asked (a stop
+        sequence): store the output's full blocks, as :meth:`_emit` does at a normal end.
+
+        Runs on the trio thread between steps (as :meth:`_pause` does).
+        """
+        del entry.output[entry.streamed :]  # none in practice: one token per step
+        entry.finished = True
+        self._store_upto(entry, entry.prompt_tokens + len(entry.output) - 1)
 
     def _finish(self, entry: _Entry, now: float) -> None:
         req, adm = entry.request, entry.admission

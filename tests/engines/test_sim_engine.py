@@ -534,3 +534,29 @@ async def test_a_request_waits_for_the_blocks_a_running_one_is_computing(autojum
     assert waits.statistics().prefill_tokens == 100 + 2000 + 1  # + its last token, for logits
     await _twins_beside_a_decoder(twice)
     assert twice.statistics().prefill_tokens == 100 + 2 * 2000  # both compute the prompt
+
+
+async def test_on_token_returning_true_ends_the_request_at_that_token(autojump_clock):
+    engine = make_engine()
+    seen: list[int] = []
+
+    def stop_at_second(token: int) -> bool:
+        seen.append(token)
+        return len(seen) == 2
+
+    ask = GenerateRequest(
+        "stop",
+        None,
+        "",
+        prompt(0),
+        50,
+        scripted_output_token_ids=(7, 8, 9),
+        on_token=stop_at_second,
+    )
+    async with running(engine):
+        result = await engine.generate(ask)
+        again = await engine.generate(request("again", prompt(0) + result.output_token_ids))
+    assert result.output_token_ids == (7, 8) == tuple(seen)
+    assert engine.statistics().decode_tokens == 1 + 4  # its one decode step, then again's
+    assert again.cached_gpu_tokens == (PROMPT + 2) // BS * BS
+    assert_no_leases(engine)

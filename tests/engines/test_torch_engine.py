@@ -595,3 +595,31 @@ async def test_a_retracted_request_resumes_to_the_same_tokens(
     if sampling.greedy:
         assert alone.output_token_ids == reference(tiny, young_prompt, 12)[0]
     assert np.allclose(resumed.hidden, alone.hidden)  # its prompt's, not the resumption's
+
+
+# -- on_token ending a request early (a stop sequence, pbkv serve's ``stop``) -------------
+
+
+async def test_on_token_returning_true_ends_the_request_at_that_token(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny)
+    prompt = random_prompt(21, seed=5)
+    want, _ = reference(tiny, prompt, 40)
+    seen: list[int] = []
+
+    def stop_at_third(token: int) -> bool:
+        seen.append(token)
+        return len(seen) == 3
+
+    async with running(engine):
+        stopped = await engine.generate(request("stop", prompt, 40, on_token=stop_at_third))
+        decoded = engine.statistics().decode_tokens
+        # what was committed is the sequence's own KV: extending it hits and decodes on
+        again = await engine.generate(request("again", prompt + stopped.output_token_ids, 4))
+    assert stopped.output_token_ids == want[:3] == tuple(seen)
+    assert decoded == 2  # the first token comes from the prefill
+    assert again.cached_gpu_tokens == (21 + 2) // BS * BS
+    assert again.output_token_ids == want[3:7]
+    assert kv.tree.lease_count() == 0
+    kv.check_integrity()

@@ -63,3 +63,99 @@ def test_serve_runs_until_interrupted():
     assert model.id == "sim/qwen3-32b"
     assert proc.returncode == 0
     assert out.strip() == "pbkv serve: stopped"
+
+
+def _serve_fails(capsys, *options: str) -> str:
+    """Run ``pbkv serve`` in-process with ``options``; return its one-line error."""
+    from pbkv.cli import main
+
+    assert main(["serve", *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_server_that_cannot_start_says_why_in_one_line(capsys, tmp_path):
+    import socket
+
+    err = _serve_fails(capsys, "--engine", "sim", "--model", "nosuchprofile", "--port", "0")
+    assert "--model nosuchprofile" in err and "qwen3-32b" in err
+    err = _serve_fails(capsys, "--engine", "torch", "--model", "nosuchmodel", "--port", "0")
+    assert "--model nosuchmodel" in err and "tiny" in err
+    err = _serve_fails(capsys, "--engine", "torch", "--model", str(tmp_path), "--port", "0")
+    assert f"--model {tmp_path}" in err
+    err = _serve_fails(capsys, "--engine", "sim", "--host", "999.1.1.1", "--port", "0")
+    assert "--host 999.1.1.1" in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        err = _serve_fails(capsys, "--engine", "sim", "--port", port)
+    assert f"--port {port}" in err and "already in use" in err
+
+
+def test_kv_tier_sizes_are_refused_with_the_rule_they_break(capsys):
+    for option, value, rule in (
+        ("--host-kv-tokens", "-1", "must be >= 0 (0: no host tier), got -1"),
+        ("--gpu-kv-tokens", "0", "must be >= 1"),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", option, value])
+        assert rule in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--host-kv-tokens", "0"])
+    assert args.host_kv_tokens == 0
+
+
+def test_sigterm_drains_refusing_new_requests_then_cuts_what_still_runs():
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
+    command += ["--graceful-timeout-s", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        url = f"http://127.0.0.1:{found.group(1)}"
+        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        events: list[str] = []
+        started = threading.Event()
+
+        def stream() -> None:  # ~4000 modelled decode steps: still running after 1 s
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            body |= {"max_tokens": 4000, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+                for event in r.iter_lines():
+                    if event:
+                        events.append(event)
+                        started.set()
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        assert started.wait(30)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with httpx.Client(timeout=30) as client:
+            refused = client.post(
+                f"{url}/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+            )
+        reader.join(30)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"
+    assert len(events) > 3  # it streamed during the drain, then was cut
+    assert proc.returncode == 0
+    assert out.strip() == "pbkv serve: stopped"

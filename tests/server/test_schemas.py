@@ -64,3 +64,18 @@ def test_missing_field_and_malformed_json():
         decode_body(CHAT_DECODER, b'{"model": "tiny", "messages": [')
     assert info.value.status == 400
     assert "not valid JSON" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("decoder", "body", "param"),
+    [
+        (COMPLETION_DECODER, b'{"model": "tiny"}', "prompt"),
+        (COMPLETION_DECODER, b'{"prompt": "x"}', "model"),
+        (CHAT_DECODER, b'{"model": "tiny"}', "messages"),
+        (CHAT_DECODER, b'{"model": "tiny", "messages": [{"content": "x"}]}', "messages[0].role"),
+    ],
+)
+def test_a_missing_required_field_is_a_400_naming_it(decoder, body, param):
+    with pytest.raises(APIError) as info:
+        decode_body(decoder, body)
+    assert (info.value.status, info.value.param) == (400, param)

@@ -399,3 +399,151 @@ async def test_without_max_tokens_the_budget_is_what_the_context_leaves():
         assert reply.usage.completion_tokens == room
     else:  # the random model may end its turn early
         assert reply.usage.completion_tokens < room
+
+
+async def test_a_stop_sequence_ends_decoding_where_it_completes(served: Served):
+    client = served.client()
+    messages = chat("Count from 1 to 100, one number per line.")
+    budget = 40
+
+    def ask(stop=None, stream=False):
+        reply = client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=budget,
+            stop=stop,
+            stream=stream,
+            stream_options={"include_usage": True} if stream else None,
+            **GREEDY,
+        )
+        if not stream:
+            return reply.choices[0].message.content, reply.choices[0].finish_reason, reply.usage
+        chunks = list(reply)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        return text, finish, chunks[-1].usage
+
+    def decoded() -> int:
+        return served.runtime.statistics().engine.decode_tokens
+
+    full, finish, usage = await served.run(ask)
+    assert (finish, usage.completion_tokens) == ("length", budget)  # the random model rambles
+    stop = full[2:5]
+    before = decoded()
+    cut, cut_finish, cut_usage = await served.run(ask, [stop])
+    whole_decoded = decoded() - before
+    streamed, streamed_finish, streamed_usage = await served.run(ask, [stop], True)
+    streamed_decoded = decoded() - before - whole_decoded
+    assert cut == streamed == full[: full.find(stop)]
+    assert cut_finish == streamed_finish == "stop"
+    n = cut_usage.completion_tokens
+    assert 1 <= n < 10 and streamed_usage.completion_tokens == n
+    assert whole_decoded == streamed_decoded == n - 1  # the first token is the prefill's
+    served.runtime.kv.check_integrity()
+    assert served.runtime.statistics().leases == 0
+
+
+async def _error(served: Served, path: str, body: dict) -> tuple[int, dict]:
+    response = await served.http("POST", path, json=body)
+    return response.status_code, msgspec.json.decode(response.content)["error"]
+
+
+async def test_past_the_context_length_param_names_the_prompt_or_the_budget(served: Served):
+    long, short = "word " * 9000, [{"role": "user", "content": "Say hi."}]
+    status, err = await _error(served, "/v1/completions", {"model": "tiny", "prompt": long})
+    assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "prompt")
+    status, err = await _error(
+        served,
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": long}], "max_tokens": 4},
+    )
+    assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "messages")
+    for budget in ("max_tokens", "max_completion_tokens"):
+        body = {"model": "tiny", "messages": short, budget: 10000}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", budget)
+    status, err = await _error(
+        served, "/v1/completions", {"model": "tiny", "prompt": "Hi", "max_tokens": 10000}
+    )
+    assert (status, err["param"]) == (400, "max_tokens")
+
+
+async def test_a_request_that_can_never_fit_the_gpu_tier_is_a_400_not_a_500():
+    async with serving(engine="sim", gpu_kv_tokens=256, host_kv_tokens=256) as served:
+        model = served.server.app.model
+        words = [{"role": "user", "content": "word " * 500}]
+        body = {"model": model, "messages": words, "max_tokens": 4}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "messages")
+        assert "16" in err["message"]  # the tier's blocks
+        body = {"model": model, "messages": chat("Hi."), "max_tokens": 400}
+        status, err = await _error(served, "/v1/chat/completions", body)
+        assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "max_tokens")
+        stats = served.runtime.statistics()
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
+
+
+async def test_with_api_keys_every_v1_route_and_stats_authenticate_first():
+    async with serving(ServerConfig(port=0, api_keys={"key-a": "acme"})) as served:
+        bad_json = await served.http("POST", "/v1/chat/completions", content=b"{")
+        wrong_model = await served.http(
+            "POST", "/v1/chat/completions", json={"model": "gpt-9", "messages": chat("x")}
+        )
+        no_route = await served.http("GET", "/v1/nothing")
+        models = await served.http("GET", "/v1/models")
+        stats = await served.http("GET", "/stats")
+        keyed = await served.http("GET", "/stats", headers={"Authorization": "Bearer key-a"})
+        health = await served.http("GET", "/health")
+        metrics = await served.http("GET", "/metrics")
+    refused = [bad_json, wrong_model, no_route, models, stats]
+    assert [r.status_code for r in refused] == [401] * 5
+    assert all(r.json()["error"]["code"] == "invalid_api_key" for r in refused)
+    assert "tiny" not in wrong_model.text  # the served model is not named to strangers
+    assert (keyed.status_code, health.status_code, metrics.status_code) == (200, 200, 200)
+
+
+async def test_head_health_answers_200_without_a_body(served: Served):
+    response = await served.http("HEAD", "/health")
+    assert (response.status_code, response.content) == (200, b"")
+
+
+async def test_header_hints_are_utf8_and_one_length_limit_holds_for_headers_and_body(
+    served: Served,
+):
+    def ask(headers=None, body=None):
+        return served.http(
+            "POST",
+            "/v1/chat/completions",
+            headers=headers or {},
+            json={"model": "tiny", "messages": chat("x"), "max_tokens": 1, **(body or {})},
+        )
+
+    name = "ünïcode"
+    response = await ask({"X-PBKV-Workflow-Id": name.encode(), "X-PBKV-Agent": name.encode()})
+    assert response.status_code == 200
+    assert dict(response.headers.raw)[b"x-pbkv-workflow-id"].decode() == name  # UTF-8
+    assert served.runtime.active_workflows() == (name,)
+    assert served.runtime.statistics().agents_by_workflow[name] == (name,)
+    invalid = await ask({"X-PBKV-Agent": b"\xff\xfe"})
+    assert (invalid.status_code, invalid.json()["error"]["param"]) == (400, "x-pbkv-agent")
+    for length, status in ((256, 200), (257, 400)):
+        agent = "a" * length
+        by_header = await ask({"X-PBKV-Agent": agent})
+        by_body = await ask(body={"pbkv": {"agent": agent}})
+        assert (by_header.status_code, by_body.status_code) == (status, status)
+
+
+async def test_on_the_sim_engine_a_reply_that_uses_up_max_tokens_finishes_by_length():
+    async with serving(engine="sim") as served:
+        client = served.client()
+
+        def ask(**kwargs):
+            reply = client.chat.completions.create(
+                model=served.server.app.model, messages=chat("Hi."), max_tokens=8, **kwargs
+            )
+            return reply.choices[0].finish_reason, reply.usage.completion_tokens
+
+        used_up = await served.run(ask)
+        stopped = await served.run(lambda: ask(stop=["."]))
+    assert used_up == ("length", 8)
+    assert stopped == ("stop", 1)  # the filler's first token completes the stop

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pbkv.server.stop import StopCutter, cut
+from pbkv.server.stop import StopCutter, StopWatch, cut
 
 
 def test_cut_at_the_first_stop():
@@ -48,3 +48,9 @@ def test_pieces_joined_equal_the_whole_cut(text, cuts, stops):
     streamed = "".join(cutter.feed(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
     streamed += cutter.flush()
     assert (streamed, cutter.stopped) == cut(text, stops)
+
+
+def test_the_stop_watch_fires_at_the_token_that_completes_a_stop():
+    pieces = ["Thought", ": x", "\nObs", "ervation", ":", " y"]
+    watch = StopWatch(["\nObservation:"], lambda ids: "".join(pieces[i] for i in ids))
+    assert [watch(i) for i in range(6)] == [False, False, False, False, True, True]
