@@ -69,10 +69,15 @@ class RuntimeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
-        for name in ("gpu_kv_tokens", "host_kv_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < (self.block_size if name == "gpu_kv_tokens" else 0):
-                raise ValueError(f"{name} must hold at least one block, got {value}")
+        if self.gpu_kv_tokens is not None and self.gpu_kv_tokens < self.block_size:
+            raise ValueError(
+                f"gpu_kv_tokens must hold at least one block ({self.block_size} tokens), "
+                f"got {self.gpu_kv_tokens}"
+            )
+        if self.host_kv_tokens is not None and self.host_kv_tokens < 0:
+            raise ValueError(
+                f"host_kv_tokens must be >= 0 (0: no host tier), got {self.host_kv_tokens}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,14 +15,13 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from pbkv.server.errors import APIError
-from pbkv.server.schemas import WorkflowHints
+from pbkv.server.schemas import MAX_HINT_CHARS, WorkflowHints
 
 DEFAULT_AGENT = "assistant"
 WORKFLOW_HEADERS = ("x-pbkv-workflow-id", "x-dynamo-session-id")
 FINAL_HEADERS = ("x-pbkv-final", "x-dynamo-session-final")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off", ""})
-_MAX_ID_CHARS = 256
 
 
 class Hints(NamedTuple):
@@ -52,8 +51,8 @@ def _flag(name: str, value: str) -> bool:
 
 def _bounded(name: str, value: str) -> str:
     value = value.strip()
-    if len(value) > _MAX_ID_CHARS:
-        raise APIError(400, f"header {name}: longer than {_MAX_ID_CHARS} characters", param=name)
+    if len(value) > MAX_HINT_CHARS:
+        raise APIError(400, f"header {name}: longer than {MAX_HINT_CHARS} characters", param=name)
     return value
 
 

@@ -177,3 +177,15 @@ async def test_a_workflow_the_stopped_runtime_cannot_start_is_not_left_open(auto
         await rt.open_workflow("late")
     assert rt.active_workflows() == ()
     assert (rt.statistics().workflows_active, rt.statistics().workflows_started) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"host_kv_tokens": -1}, r"host_kv_tokens must be >= 0 \(0: no host tier\), got -1"),
+        ({"gpu_kv_tokens": 3}, r"gpu_kv_tokens must hold at least one block \(16 tokens\)"),
+    ],
+)
+def test_kv_tier_sizes_are_refused_with_the_rule_they_break(fields, message):
+    with pytest.raises(ValueError, match=message):
+        pbkv.RuntimeConfig(engine="sim", **fields)
