@@ -33,6 +33,7 @@ class AgentActor(Actor):
         self._nursery: trio.Nursery | None = None
         self._in_flight: dict[str, trio.CancelScope] = {}
         self.cancelled = 0
+        self.running = 0  # invocations handed to the engine and not yet answered
 
     async def run(self, *, task_status: TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -45,6 +46,11 @@ class AgentActor(Actor):
     async def on_restart(self, error: Exception) -> None:
         self._in_flight.clear()
 
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is running or waiting in the mailbox (it may be stopped)."""
+        return self.running == 0 and self.statistics().mailbox_depth == 0
+
     async def handle(self, msg: object) -> None:
         match msg:
             case Invoke():
@@ -52,6 +58,7 @@ class AgentActor(Actor):
                 scope = trio.CancelScope()
                 if msg.invocation_id:
                     self._in_flight[msg.invocation_id] = scope
+                self.running += 1
                 self._nursery.start_soon(self._generate, msg, scope)
             case CancelInvocation(invocation_id=invocation):
                 scope = self._in_flight.pop(invocation, None)
@@ -93,6 +100,7 @@ class AgentActor(Actor):
             )
         finally:
             self._in_flight.pop(msg.invocation_id, None)
+            self.running -= 1
             if done is None:  # cancelled: by CancelInvocation or because the actor stops
                 done = InvocationDone(msg.step, error=f"agent {self.agent}: invocation cancelled")
             with trio.CancelScope(shield=True):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -40,7 +40,14 @@ from pbkv.engines.base import GREEDY, Engine, EngineError, GenerateResult, Sampl
 from pbkv.kvmanager import KVManager, KVStatistics
 from pbkv.live.chat import ChatFormat, IncrementalDecoder
 from pbkv.predictor.base import Forecaster
-from pbkv.runtime import ActorRef, ActorSystem, EventRecorder, now_s, open_actor_system
+from pbkv.runtime import (
+    ActorRef,
+    ActorStopped,
+    ActorSystem,
+    EventRecorder,
+    now_s,
+    open_actor_system,
+)
 
 Prompt = Sequence[Mapping[str, Any]] | Sequence[Segment] | str
 """What :meth:`WorkflowSession.call` takes: chat messages, raw segments or raw text."""
@@ -153,6 +160,11 @@ class RuntimeStatistics:
     agents_by_workflow: dict[str, tuple[str, ...]]
 
 
+DEFAULT_MAX_IDLE_AGENTS = 256
+"""Agent actors a runtime keeps; past it the least recently used idle ones stop (each
+costs ~12 KB, and a server's clients name agents freely)."""
+
+
 class Runtime:
     """The live runtime: an actor system over one engine and its KV manager.
 
@@ -163,6 +175,9 @@ class Runtime:
         engine / kv: the engine and the KV manager whose radix tree it allocates from.
         chat: the tokenizer and chat template of the engine's model.
         model_name: what ``/v1/models`` would list.
+        max_idle_agents: agent actors kept (one per agent name, spawned on first call);
+            past it the least recently used idle ones are stopped, and spawned again if
+            called again.
     """
 
     def __init__(
@@ -176,6 +191,7 @@ class Runtime:
         model_name: str,
         max_calls_in_flight: int,
         history_limit: int = 4096,
+        max_idle_agents: int = DEFAULT_MAX_IDLE_AGENTS,
     ) -> None:
         self.system = system
         self.engine = engine
@@ -184,7 +200,11 @@ class Runtime:
         self.model_name = model_name
         self.max_calls_in_flight = max_calls_in_flight
         self._kv_manager = kv_manager
-        self._agents: dict[str, ActorRef] = {}
+        # agent actors by name, least recently handed out first; ``_handing`` counts the
+        # callers between _agent() and their Invoke reaching the mailbox (never stopped then)
+        self._agents: OrderedDict[str, tuple[ActorRef, AgentActor]] = OrderedDict()
+        self._handing: Counter[str] = Counter()
+        self.max_idle_agents = max_idle_agents
         self._spawn_lock = trio.Lock()
         self._ids = itertools.count()
         self._active: dict[str, WorkflowSession] = {}
@@ -282,18 +302,50 @@ class Runtime:
         )
 
     async def _agent(self, name: str) -> ActorRef:
-        ref = self._agents.get(name)
-        if ref is not None:
-            return ref
-        async with self._spawn_lock:
-            if name not in self._agents:
-                self._agents[name] = await self.system.spawn(
-                    AgentActor(name, self.engine),
-                    name=f"agent/{name}",
-                    strategy="restart",
-                    depends_on=["engine"],
-                )
-        return self._agents[name]
+        """Return ``name``'s agent actor, spawned on first use; the caller must call
+        :meth:`_handed` once its ``Invoke`` is in the actor's mailbox (or it gave up).
+
+        Agent names come from clients (``pbkv serve``'s ``X-PBKV-Agent``), so the actors
+        are bounded: past ``max_idle_agents`` the least recently used idle ones are
+        stopped and forgotten (a later call of that name spawns it again).
+        """
+        self._handing[name] += 1
+        try:
+            entry = self._agents.get(name)
+            if entry is None:
+                async with self._spawn_lock:
+                    entry = self._agents.get(name)
+                    if entry is None:
+                        await self._stop_idle_agents(self.max_idle_agents - 1)
+                        actor = AgentActor(name, self.engine)
+                        ref = await self.system.spawn(
+                            actor, name=f"agent/{name}", strategy="restart", depends_on=["engine"]
+                        )
+                        entry = self._agents[name] = (ref, actor)
+            self._agents.move_to_end(name)
+        except BaseException:
+            self._handed(name)
+            raise
+        return entry[0]
+
+    def _handed(self, name: str) -> None:
+        """Mark one caller of :meth:`_agent` done handing ``name`` its invocation."""
+        self._handing[name] -= 1
+        if self._handing[name] <= 0:
+            del self._handing[name]
+
+    async def _stop_idle_agents(self, keep: int) -> None:
+        """Stop and forget the least recently used idle agent actors until at most
+        ``keep`` remain (busy ones, and ones a caller is handing work to, stay)."""
+        excess = len(self._agents) - keep
+        if excess <= 0:
+            return
+        idle = [
+            n for n, (_, actor) in self._agents.items() if actor.idle and n not in self._handing
+        ][:excess]
+        for name in idle:
+            del self._agents[name]
+            await self.system.remove(f"agent/{name}")
 
     def _ended_session(self, session: WorkflowSession, reason: str) -> None:
         self._active.pop(session.workflow_id, None)
@@ -586,7 +638,8 @@ class ReplyStream:
         self._finished = True
         self.session.runtime.calls_in_flight -= 1
         if self._submitted and self._agent_ref is not None:
-            self._agent_ref.try_tell(CancelInvocation(self._invocation))
+            with contextlib.suppress(ActorStopped):  # it answered and was stopped as idle
+                self._agent_ref.try_tell(CancelInvocation(self._invocation))
 
     def __aiter__(self) -> ReplyStream:
         return self
@@ -627,6 +680,14 @@ class ReplyStream:
         session._agents.setdefault(self.agent, None)
         self._invocation = f"{session.workflow_id}/{self.step}"
         self._agent_ref = await rt._agent(self.agent)
+        try:
+            await self._invoke(session, rt, self._agent_ref)
+        finally:
+            rt._handed(self.agent)
+        self._submitted = True
+
+    async def _invoke(self, session: WorkflowSession, rt: Runtime, agent: ActorRef) -> None:
+        """Tell the KV manager the agent is invoked, then hand the agent the invocation."""
         await rt._kv_manager.tell(
             AgentInvoked(
                 session.workflow_id,
@@ -639,7 +700,7 @@ class ReplyStream:
         )
         send = self._tokens
         on_token = self._on_token if self.streaming or self.until is not None else None
-        await self._agent_ref.tell(
+        await agent.tell(
             Invoke(
                 session.workflow_id,
                 self.step,
@@ -657,7 +718,6 @@ class ReplyStream:
                 invocation_id=self._invocation,
             )
         )
-        self._submitted = True
 
     def _on_token(self, token: int) -> bool:
         """Forward a streamed token; one the engine emits after the caller left is dropped

@@ -145,6 +145,18 @@ class ActorSystem:
             raise ValueError(f"cannot stop {name!r}: running actors depend on it: {dependents}")
         await self._stop_entry(entry)
 
+    async def remove(self, name: str) -> None:
+        """Stop the actor (as :meth:`stop`) and forget it: its name may be spawned again,
+        and the system keeps nothing of it (a runtime that spawns actors per client-given
+        name stays bounded).
+
+        Raises:
+            UnknownActor: if no actor has that name.
+            ValueError: if running actors depend on it; the message names them.
+        """
+        await self.stop(name)
+        del self._entries[name]
+
     async def aclose(self) -> None:
         """Stop every actor, dependents before their dependencies (reverse spawn order).
 

@@ -189,3 +189,25 @@ async def test_a_workflow_the_stopped_runtime_cannot_start_is_not_left_open(auto
 def test_kv_tier_sizes_are_refused_with_the_rule_they_break(fields, message):
     with pytest.raises(ValueError, match=message):
         pbkv.RuntimeConfig(engine="sim", **fields)
+
+
+async def test_agent_actors_stay_bounded_however_many_names_clients_use(autojump_clock):
+    async with pbkv.open_runtime(sim()) as rt:
+        rt.max_idle_agents = 3
+
+        async def one(agent: str) -> pbkv.Reply:
+            async with rt.workflow() as wf:
+                return await wf.call(agent, chat("hi"), max_new_tokens=2)
+
+        for i in range(10):
+            await one(f"agent-{i}")
+        agents = [n for n in rt.system.names() if n.startswith("agent/")]
+        assert agents == ["agent/agent-7", "agent/agent-8", "agent/agent-9"]
+        async with trio.open_nursery() as nursery:  # busy ones are never stopped
+            for i in range(6):
+                nursery.start_soon(one, f"busy-{i}")
+        assert len([n for n in rt.system.names() if n.startswith("agent/")]) <= 6
+        again = await one("agent-0")  # stopped as idle, spawned again
+        assert len(again.token_ids) == 2
+        assert len([n for n in rt.system.names() if n.startswith("agent/")]) <= 3
+        assert rt.statistics().calls_in_flight == 0 and rt.statistics().leases == 0
