@@ -92,6 +92,9 @@ class Caller(Protocol):
     """What the executor calls agents through: a live session or a dry run."""
 
     samples_tokens: bool
+    concurrent: bool
+    """Whether a fan-out's branches run concurrently (live); a dry run takes them one by
+    one in frontier order, so its script is the same in every process."""
 
     async def call(
         self,
@@ -255,8 +258,9 @@ async def _run_superstep(run: _Run, frontier: list[str]) -> list[Reply | ToolRes
     (not wrapped in an exception group, so the workflow's error names its node).
     """
     outputs: list[Reply | ToolResult | None] = [None] * len(frontier)
-    if len(frontier) == 1:
-        outputs[0] = await _run_node(run, frontier[0])
+    if len(frontier) == 1 or not run.caller.concurrent:
+        for i, name in enumerate(frontier):
+            outputs[i] = await _run_node(run, name)
         return outputs
     failed: list[Exception] = []
 
@@ -435,6 +439,8 @@ async def admitted_call(session: WorkflowSession, agent: str, prompt: Any, **kwa
 class _SessionCaller:
     """Calls through a :class:`~pbkv.live.session.WorkflowSession`, waiting for room."""
 
+    concurrent = True
+
     def __init__(self, session: WorkflowSession, samples_tokens: bool) -> None:
         self.session = session
         self.samples_tokens = samples_tokens
@@ -526,6 +532,7 @@ class _DryRun:
     """Answers calls with the simulated replies and records them as script steps."""
 
     samples_tokens = False
+    concurrent = False
 
     def __init__(self, chat: ChatFormat) -> None:
         self.chat = chat
@@ -577,8 +584,9 @@ def simulate_workflow(
 
     An agent without ``simulate`` answers filler (its routers then see filler text); a
     tool without ``simulate`` runs its real function. A walk that needs an event loop
-    (fan-out, a tool that awaits) is restarted under ``trio.run``, so such a tool's
-    function may run twice.
+    (a tool that awaits) is restarted under ``trio.run``, so such a tool's function may
+    run twice. A fan-out's branches are walked one by one in frontier order (a live run
+    makes their calls concurrently), so the script is the same in every process.
 
     Raises:
         ValueError / TypeError: the graph is broken (:meth:`App.validate`); a hook

@@ -8,6 +8,7 @@ that need it.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
@@ -26,6 +27,8 @@ from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.dataset import TextSource, split_records
 from pbkv.predictor.scoring import ForecastScores, score_forecaster
 from pbkv.predictor.trace import TraceRecord, read_traces, write_traces
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEXT_ENCODER = "smollm2"
 PAPER_TOP1 = {"paper model": (0.935, 0.848, 0.771), "paper markov-1": (0.752, 0.555, 0.295)}
@@ -117,8 +120,9 @@ def train(
         A summary table (traces, examples, parameters, best epoch, losses, seconds).
 
     Raises:
-        ValueError: unknown app, encoder or text source, traces that leave the app's
-            call graph, or no usable trace (:func:`read_records`).
+        ValueError: unknown app, encoder or text source, traces naming agents outside the
+            app, or no usable trace (:func:`read_records`). Transitions the traces take
+            that the app does not declare (between a fan-out's branches) join its graph.
     """
     from pbkv.examples import get_app
     from pbkv.predictor.dataset import TEXT_SOURCES
@@ -128,6 +132,7 @@ def train(
     if text_source not in TEXT_SOURCES:
         raise ValueError(f"text_source must be one of {TEXT_SOURCES}, got {text_source!r}")
     records = read_records(traces, strict=strict, with_steps=True)  # before importing torch
+    graph = _widened(graph, records)
     console = console or Console(stderr=True)
 
     from pbkv.predictor.checkpoint import CheckpointInfo, save_checkpoint
@@ -272,8 +277,8 @@ def eval_predictor(
         )
     source: TextSource = "step" if text_source == "step" else "task"
     spec = get_app(app)
-    graph = CallGraph(spec.agents, spec.edges)
     records = read_records(traces, strict=strict, with_steps=True)
+    graph = _widened(CallGraph(spec.agents, spec.edges), records)
     train = _train_config(seed, epochs, members)
     fold_rows: list[dict[str, object]] = []
     if folds:
@@ -568,3 +573,12 @@ def _progress(console: Console, *, transient: bool = False) -> Progress:
         console=console,
         transient=transient,
     )
+
+
+def _widened(graph: CallGraph, records: Sequence[TraceRecord]) -> CallGraph:
+    """The app's call graph plus the transitions its traces take between concurrent
+    fan-out branches (:meth:`CallGraph.widened`), logged when there are any."""
+    widened, added = graph.widened(records)
+    if added:
+        log.info("call graph: %d transitions of the traces added to the app's edges", added)
+    return widened

@@ -63,6 +63,27 @@ class CallGraph:
             agents = sorted({a for path in paths for a in path})
         return cls(agents, edges)
 
+    def widened(self, records: Iterable[TraceRecord]) -> tuple[CallGraph, int]:
+        """Return this graph plus the transitions ``records`` take that it lacks, and how
+        many those are (``self`` and 0 when none).
+
+        A fan-out's branches run concurrently, and a trace lists them one after another:
+        it steps from a branch to its sibling and from the last branch to the join, in
+        orders no declared edge states. A graph widened by an app's own runs admits them.
+
+        Raises:
+            ValueError: a trace names an agent outside this graph.
+        """
+        seen = CallGraph.from_traces(records, self.agents)
+        added = seen.admissible & ~self.admissible
+        count = int(added.sum())
+        if not count:
+            return self, 0
+        names = (*self.agents, END)
+        both = self.admissible | seen.admissible
+        edges = [(names[a], names[b]) for a, b in zip(*np.nonzero(both[:-1]), strict=True)]
+        return CallGraph(self.agents, edges), count
+
     @property
     def admissible(self) -> np.ndarray:
         """Read-only boolean matrix, shape ``(|V|+1, |V|+1)``: ``[a, b]`` is edge ``a -> b``."""

@@ -470,7 +470,9 @@ def build_forecasters(
     seen = {task_group(w.to_trace()) for w in workload}
     traces = [t for t in (w.to_trace() for w in train) if task_group(t) not in seen]
     paths = {w.workflow_id: w.agents for w in workload}
-    graph = CallGraph(agents, app_edges)
+    graph, added = CallGraph(agents, app_edges).widened(traces)
+    if added:  # a fan-out app: its runs step between concurrent branches
+        log.info("predictor call graph: %d transitions of the app's runs added to its edges", added)
 
     def build(name: str) -> Forecaster:
         return make_forecaster(

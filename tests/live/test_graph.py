@@ -268,6 +268,54 @@ def test_a_fan_out_app_generates_its_scripts_in_a_trio_run():
     assert [s.agent for s in workflows[0].steps] == ["planner", "reader"]
 
 
+def mapper_app() -> pbkv.App:
+    """A fan-out whose branches draw their reply lengths from one shared stream."""
+    mappers = [f"map{i}" for i in range(4)]
+    app = pbkv.App("mapper", preamble="Map-reduce team.")
+    app.agent("splitter", role="Split.", simulate=lambda s: pbkv.Simulated("split", 4))
+    app.agent("reducer", role="Merge.", simulate=lambda s: pbkv.Simulated("merged", 8))
+    for name in mappers:
+        app.agent(
+            name,
+            role=f"Mapper {name}.",
+            simulate=lambda s: pbkv.Simulated("mapped", int(s.rng("o").integers(4, 40))),
+        )
+        app.edge(name, "reducer")
+    app.edge(START, "splitter")
+    app.route("splitter", lambda s, out: ["map3", "map1", "map2"], mappers)
+    app.edge("reducer", END)
+    return app
+
+
+def test_a_fan_out_dry_run_takes_the_branches_in_frontier_order_whatever_trios_state():
+    import trio._core._run as trio_run
+
+    scripts = []
+    for prior in range(4):  # as other processes would find trio's shuffle seeded
+        trio_run._r.seed(prior)
+        [workflow] = mapper_app().generate(1, 0)
+        scripts.append([(s.agent, s.output_tokens, s.gap_s) for s in workflow.steps])
+    assert all(script == scripts[0] for script in scripts), scripts
+    assert [agent for agent, _, _ in scripts[0]] == ["splitter", "map3", "map1", "map2", "reducer"]
+
+
+def test_a_fan_out_app_runs_under_a_forecasting_policy():
+    # its runs step between sibling branches, which no declared edge states: the
+    # predictor's call graph admits what the app's own runs do
+    from pbkv.bench.compare import BenchConfig, run_bench
+
+    config = BenchConfig(
+        app="tests.live.test_graph:mapper_app",
+        workflows=8,
+        concurrency=4,
+        policies=("lru", "pbkv"),
+        train_workflows=16,
+    )
+    results = run_bench(config, bounds=False).results
+    assert [r.policy for r in results] == ["lru", "pbkv"]
+    assert all(r.failed_workflows == 0 and r.workflows == 8 for r in results)
+
+
 def test_a_sim_runtime_repeats_its_figures_whatever_trios_scheduling_state():
     """Concurrent workflows on the sim engine give one hit rate however trio's shuffle was
     seeded before (a fresh process seeds it from the OS): open_runtime seeds it."""

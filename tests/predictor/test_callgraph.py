@@ -97,3 +97,17 @@ def test_counting_rejects_ending_where_end_is_no_edge(make_record):
 
     with pytest.raises(ValueError, match="'a' -> 'END' is not an edge"):
         graph.count_transitions([make_record("a")])
+
+
+def test_widened_adds_exactly_the_transitions_the_traces_take_that_it_lacks(make_record):
+    # a fan-out: s -> {m1, m2} -> r; a trace lists the branches one after the other
+    graph = CallGraph(
+        ["s", "m1", "m2", "r"], [("s", "m1"), ("s", "m2"), ("m1", "r"), ("m2", "r"), ("r", END)]
+    )
+    same, none = graph.widened([make_record("s", "m1", "r")])
+    assert same is graph and none == 0
+    wide, added = graph.widened([make_record("s", "m2", "m1", "r")])
+    assert added == 1 and wide.is_admissible("m2", "m1") and not wide.is_admissible("m1", "m2")
+    assert (wide.admissible | graph.admissible == wide.admissible).all()  # nothing dropped
+    with pytest.raises(ValueError, match="unknown agent 'q'"):
+        graph.widened([make_record("s", "q")])
