@@ -108,8 +108,8 @@ def load_app(spec: str) -> App:
         if not hasattr(obj, part):
             raise ValueError(f"app {spec!r}: module {module_name!r} has no attribute {attribute!r}")
         obj = getattr(obj, part)
-    if not isinstance(obj, App) and callable(obj):
-        obj = obj()
+    if isinstance(obj, type) or (not isinstance(obj, App) and callable(obj)):
+        obj = obj()  # a class is instantiated even when its class attributes look like an app
     if not isinstance(obj, App):
         raise ValueError(
             f"app {spec!r}: {module_name}.{attribute} is a {type(obj).__name__}, not an app "

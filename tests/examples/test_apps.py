@@ -189,12 +189,19 @@ def test_load_app_takes_a_graph_or_a_factory_from_a_module(tmp_path, monkeypatch
         "app = make()\n"
         "broken = live.App('broken').agent('solver', role='Solve.')\n"
         "number = 42\n"
+        "class Raw:  # an app class whose class attributes alone look like an app\n"
+        "    name, agents, entry_agents = 'raw-user', ('solver',), ('solver',)\n"
+        "    edges = (('solver', live.END),)\n"
+        "    def generate(self, n_workflows, seed):\n"
+        "        return make().generate(n_workflows, seed)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     for spec in ("user_toy:app", "user_toy:make"):
         app = get_app(spec)
         assert (app.name, app.agents, app.edges) == ("toy-user", ("solver",), (("solver", END),))
         assert [w.agents for w in app.generate(2, 0)] == [("solver",), ("solver",)]
+    raw = get_app("user_toy:Raw")  # instantiated: generate needs its self
+    assert raw.name == "raw-user" and [w.agents for w in raw.generate(1, 0)] == [("solver",)]
     for spec, message in (
         ("user_toy", "unknown app"),
         ("user_toy:", "expected 'module:attribute'"),
