@@ -540,6 +540,7 @@ class OpenAIApp:
 
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
+        _refuse_unserved(request)
         chat = self._runtime.chat
         if isinstance(prompt, str):
             segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
@@ -748,3 +749,32 @@ class _Frames:
 
     def usage(self, usage: Usage) -> Any:
         return self._chunk([], usage)
+
+
+def _refuse_unserved(request: ChatCompletionRequest | CompletionRequest) -> None:
+    """Refuse a request for what pbkv serve does not do, naming the field (400
+    ``unsupported_parameter``): tool calls (no tool-call parser, as vLLM without
+    ``--enable-auto-tool-choice``), a structured ``response_format``, logprobs, and
+    non-zero penalties. Their neutral values (no tools or ``tool_choice: "none"``,
+    ``{"type": "text"}``, ``false``/0) are accepted."""
+
+    def refuse(param: str, what: str) -> APIError:
+        message = f"{param}: {what} not served by pbkv serve"
+        return APIError(400, message, param=param, code="unsupported_parameter")
+
+    if isinstance(request, ChatCompletionRequest):
+        choice = request.tool_choice
+        if choice is not None and choice not in ("none", "auto"):
+            raise refuse("tool_choice", f"tool_choice {choice!r} is")
+        if request.tools and choice != "none":
+            raise refuse("tools", "tool calls are (send no tools, or tool_choice 'none')")
+    kind = (request.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise refuse("response_format", f"response_format {kind!r} is")
+    if request.logprobs:
+        raise refuse("logprobs", "logprobs are")
+    if request.top_logprobs:
+        raise refuse("top_logprobs", "top_logprobs are")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, name):
+            raise refuse(name, f"a non-zero {name} is")

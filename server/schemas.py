@@ -3,8 +3,9 @@
 Requests are decoded once, by one typed decoder per endpoint, into frozen msgspec Structs:
 a field of the wrong type or out of range fails there with the JSON path of the field
 (``$.messages[0].content``). Unknown fields are tolerated, as OpenAI-compatible servers
-do (clients send ``logprobs``, ``tools`` and vendor extensions), except that a present
-field must have its documented type. Mirrors the openai-python types
+do (vendor extensions), and the known ones pbkv does not serve (``tools``,
+``response_format``, ``logprobs``, penalties) are typed so that asking for them is a
+400 naming the field rather than a reply that silently ignores them. Mirrors the openai-python types
 (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``, ``Model``) and vLLM's
 ``cache_salt``; the ``pbkv`` body object carries workflow hints (§7.4).
 """
@@ -20,12 +21,14 @@ Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 MaxTokens = Annotated[int, Meta(ge=1)]
 Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]  # int64: msgspec bounds stop there
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 
 
 class TextPart(msgspec.Struct, frozen=True):
-    """One part of a multi-part message content; only ``type: "text"`` is served."""
+    """One part of a multi-part message content; only ``type: "text"`` is served (an
+    image or audio part is a 400 naming it, never served as empty text)."""
 
-    type: str
+    type: Literal["text"]
     text: str = ""
 
 
@@ -78,6 +81,12 @@ class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
     user: str | None = None
     cache_salt: Annotated[str, Meta(max_length=256)] | None = None
     pbkv: WorkflowHints | None = None
+    # read only to refuse what is not served (see server.app._refuse_unserved)
+    logprobs: bool | Annotated[int, Meta(ge=0)] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
@@ -85,6 +94,8 @@ class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
 
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: MaxTokens | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampled, frozen=True, kw_only=True):

@@ -547,3 +547,33 @@ async def test_on_the_sim_engine_a_reply_that_uses_up_max_tokens_finishes_by_len
         stopped = await served.run(lambda: ask(stop=["."]))
     assert used_up == ("length", 8)
     assert stopped == ("stop", 1)  # the filler's first token completes the stop
+
+
+async def test_what_is_not_served_is_refused_naming_the_field_not_ignored(served: Served):
+    base = {"model": "tiny", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    refused = [
+        ({"tools": [tool]}, "tools"),
+        ({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": "x"}, "frequency_penalty"),
+        ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0].type"),
+    ]
+    for extra, param in refused:
+        reply = await served.http("POST", "/v1/chat/completions", json={**base, **extra})
+        assert reply.status_code == 400, (extra, reply.text)
+        assert reply.json()["error"]["param"] == param, reply.text
+    neutral = {
+        "tools": [tool],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "logprobs": False,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+    }
+    reply = await served.http("POST", "/v1/chat/completions", json={**base, **neutral})
+    assert reply.status_code == 200, reply.text
