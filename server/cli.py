@@ -187,8 +187,8 @@ def run(args: argparse.Namespace, console: Any) -> int:
             trio.run(main)
         except* KeyboardInterrupt:  # Ctrl-C while starting (trio >= 0.25: in a group)
             pass
-    except BaseExceptionGroup as group:
-        raise _startup_error(group, args) from None
+    except (BaseExceptionGroup, ValueError, OSError) as error:  # trio < 0.25: not grouped
+        raise _startup_error(error, args) from None
     console.print("pbkv serve: stopped")
     return 0
 
@@ -220,16 +220,22 @@ def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
     return leaves
 
 
-def _startup_error(group: BaseExceptionGroup, args: argparse.Namespace) -> Exception:
-    """Return the one error to report for a start that failed with ``group``.
+def _startup_error(
+    error: BaseExceptionGroup | ValueError | OSError, args: argparse.Namespace
+) -> Exception:
+    """Return the one error to report for a start that failed with ``error`` (a group on
+    trio >= 0.25, the error itself before).
 
     Raises:
-        BaseExceptionGroup: ``group`` itself, unless all its errors are ``ValueError`` /
+        BaseExceptionGroup: a group itself, unless all its errors are ``ValueError`` /
             ``OSError`` (those are the user's to fix; anything else is a bug to show).
     """
-    leaves = _leaves(group)
-    if not leaves or not all(isinstance(e, ValueError | OSError) for e in leaves):
-        raise group
+    if not isinstance(error, BaseExceptionGroup):
+        leaves: list[BaseException] = [error]
+    else:
+        leaves = _leaves(error)
+        if not leaves or not all(isinstance(e, ValueError | OSError) for e in leaves):
+            raise error
     exc = leaves[0]
     where = f"{args.host}:{args.port}"
     if isinstance(exc, socket.gaierror):
