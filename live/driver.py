@@ -23,7 +23,6 @@ import functools
 import inspect
 import logging
 import math
-import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -401,10 +400,6 @@ def _successors(app: App, state: State, name: str, out: Reply | ToolResult) -> l
 # -- live runs ----------------------------------------------------------------------
 
 
-_ADMISSION: weakref.WeakKeyDictionary[Runtime, trio.Semaphore] = weakref.WeakKeyDictionary()
-"""Per runtime: the slots its graph and replay calls share, ``max_calls_in_flight`` of them."""
-
-
 async def admitted_call(session: WorkflowSession, agent: str, prompt: Any, **kwargs: Any) -> Reply:
     """Make ``session.call(agent, prompt, **kwargs)`` once the runtime can admit it.
 
@@ -418,10 +413,7 @@ async def admitted_call(session: WorkflowSession, agent: str, prompt: Any, **kwa
     Raises:
         As :meth:`~pbkv.live.session.WorkflowSession.call`, except ``Overloaded``.
     """
-    runtime = session.runtime
-    slots = _ADMISSION.get(runtime)
-    if slots is None:
-        slots = _ADMISSION[runtime] = trio.Semaphore(max(1, runtime.max_calls_in_flight))
+    slots = session.runtime.call_slots
     try:
         slots.acquire_nowait()  # no checkpoint while there is room: schedules as before
     except trio.WouldBlock:

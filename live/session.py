@@ -175,6 +175,8 @@ class Runtime:
         engine / kv: the engine and the KV manager whose radix tree it allocates from.
         chat: the tokenizer and chat template of the engine's model.
         model_name: what ``/v1/models`` would list.
+        call_slots: ``max_calls_in_flight`` slots the graph's and replays' calls share,
+            waiting for one where a bare call would raise :class:`Overloaded`.
         max_idle_agents: agent actors kept (one per agent name, spawned on first call);
             past it the least recently used idle ones are stopped, and spawned again if
             called again.
@@ -199,6 +201,8 @@ class Runtime:
         self.chat = chat
         self.model_name = model_name
         self.max_calls_in_flight = max_calls_in_flight
+        # graph and replay calls wait here for room rather than fail (live.driver.admitted_call)
+        self.call_slots = trio.Semaphore(max(1, max_calls_in_flight))
         self._kv_manager = kv_manager
         # agent actors by name, least recently handed out first; ``_handing`` counts the
         # callers between _agent() and their Invoke reaching the mailbox (never stopped then)
