@@ -811,9 +811,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     # Piped output would be cut to 80 columns; the comparison table needs about 150.
     console = Console() if sys.stdout.isatty() else Console(width=160)
+    from pbkv.live.driver import NodeFailed  # an app's own code raised (named by node)
+
     try:
         return args.run(args, console)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, NodeFailed) as exc:
         Console(stderr=True, width=console.width).print(
             f"[red]pbkv: error:[/red] {exc}", soft_wrap=True
         )

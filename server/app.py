@@ -556,6 +556,9 @@ class OpenAIApp:
             raise _context_error(prompt_param, prompt_tokens, 1, chat.context_length_tokens)
         if budget is None:  # as OpenAI: what the context leaves, up to the default
             budget = min(self._config.default_max_tokens, room)
+            tier_room = self._gpu_tier_tokens() - prompt_tokens
+            if tier_room >= 1:  # and what the GPU tier can hold beside the prompt
+                budget = min(budget, tier_room)
         elif budget > room:
             raise _context_error(budget_param, prompt_tokens, budget, chat.context_length_tokens)
         temperature = 1.0 if request.temperature is None else request.temperature
@@ -613,21 +616,29 @@ class OpenAIApp:
                 raise self._tier_error(exc, generation) from exc
             raise
 
+    def _gpu_tier_tokens(self) -> int:
+        """Tokens the GPU KV tier holds (0 where the engine's KV manager says none)."""
+        kv = getattr(self._runtime, "kv", None)
+        config = getattr(kv, "config", None)
+        if config is None:
+            return 0
+        return int(config.gpu_capacity_blocks) * int(config.block_size)
+
     def _tier_error(self, exc: Exception, generation: _Generation) -> APIError:
         """Return the 400 of a request that can never fit the GPU KV tier, naming the
         prompt, or the budget when the prompt alone would fit."""
-        param = generation.prompt_param
-        kv = getattr(self._runtime, "kv", None)
-        if kv is not None and hasattr(kv, "blocks_needed"):
-            capacity = kv.config.gpu_capacity_blocks
-            if kv.blocks_needed(generation.prompt_tokens, 1) <= capacity:
+        param, tier = generation.prompt_param, self._gpu_tier_tokens()
+        prompt, budget = generation.prompt_tokens, generation.max_new_tokens
+        if not tier:
+            message = f"the request never fits the GPU KV cache tier ({exc})"
+        else:
+            if prompt + 1 <= tier:
                 param = generation.budget_param
-        return APIError(
-            400,
-            f"{param}: the request never fits the GPU KV cache tier: {exc}",
-            param=param,
-            code="context_length_exceeded",
-        )
+            message = (
+                f"the request needs {prompt + budget} tokens of KV cache ({prompt} in the "
+                f"prompt, {budget} to generate); the GPU KV cache tier holds {tier}"
+            )
+        return APIError(400, f"{param}: {message}", param=param, code="context_length_exceeded")
 
     def _stop_watch(self, generation: _Generation) -> StopWatch | None:
         """Return what ends decoding at the token completing a stop sequence, if any."""
@@ -754,27 +765,55 @@ class _Frames:
 def _refuse_unserved(request: ChatCompletionRequest | CompletionRequest) -> None:
     """Refuse a request for what pbkv serve does not do, naming the field (400
     ``unsupported_parameter``): tool calls (no tool-call parser, as vLLM without
-    ``--enable-auto-tool-choice``), a structured ``response_format``, logprobs, and
-    non-zero penalties. Their neutral values (no tools or ``tool_choice: "none"``,
-    ``{"type": "text"}``, ``false``/0) are accepted."""
+    ``--enable-auto-tool-choice``; the legacy ``functions`` too), a structured
+    ``response_format``, logprobs, non-zero penalties, ``logit_bias``, audio, non-text
+    message parts, and on completions ``echo``, ``best_of`` > 1 and ``suffix``. Their
+    neutral values (no tools or ``tool_choice: "none"``, ``{"type": "text"}``,
+    ``false``/0/empty) are accepted."""
 
-    def refuse(param: str, what: str) -> APIError:
-        message = f"{param}: {what} not served by pbkv serve"
-        return APIError(400, message, param=param, code="unsupported_parameter")
+    def refuse(param: str, message: str) -> APIError:
+        return APIError(
+            400,
+            f"{param}: {message}; pbkv serve does not serve it",
+            param=param,
+            code="unsupported_parameter",
+        )
 
     if isinstance(request, ChatCompletionRequest):
-        choice = request.tool_choice
-        if choice is not None and choice not in ("none", "auto"):
-            raise refuse("tool_choice", f"tool_choice {choice!r} is")
-        if request.tools and choice != "none":
-            raise refuse("tools", "tool calls are (send no tools, or tool_choice 'none')")
+        for name, tools, choice in (
+            ("tool", request.tools, request.tool_choice),
+            ("function", request.functions, request.function_call),
+        ):
+            field = "tool_choice" if name == "tool" else "function_call"
+            if choice is not None and choice not in ("none", "auto"):
+                raise refuse(field, f"{field} {choice!r} asks for a {name} call")
+            if tools and choice != "none":
+                listed = "tools" if name == "tool" else "functions"
+                raise refuse(listed, f"{name} calls are asked for (send none, or {field} 'none')")
+        for i, message in enumerate(request.messages):
+            if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    if part.type != "text":
+                        param = f"messages[{i}].content[{j}].type"
+                        raise refuse(param, f"a {part.type!r} part (only text is served)")
+        if request.modalities and set(request.modalities) - {"text"}:
+            raise refuse("modalities", f"modalities {request.modalities!r} (only text)")
+    else:
+        if request.echo:
+            raise refuse("echo", "echoing the prompt")
+        if request.best_of is not None and request.best_of > 1:
+            raise refuse("best_of", f"best_of {request.best_of}")
+        if request.suffix:
+            raise refuse("suffix", "a suffix (insertion)")
     kind = (request.response_format or {}).get("type", "text")
     if kind != "text":
-        raise refuse("response_format", f"response_format {kind!r} is")
-    if request.logprobs:
-        raise refuse("logprobs", "logprobs are")
+        raise refuse("response_format", f"response_format {kind!r}")
+    if request.logprobs is not None and request.logprobs is not False:
+        raise refuse("logprobs", "logprobs")
     if request.top_logprobs:
-        raise refuse("top_logprobs", "top_logprobs are")
+        raise refuse("top_logprobs", "top_logprobs")
+    if request.logit_bias:
+        raise refuse("logit_bias", "a logit_bias")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(request, name):
-            raise refuse(name, f"a non-zero {name} is")
+            raise refuse(name, f"a non-zero {name}")

@@ -11,6 +11,7 @@ never reach another key's cache.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -54,6 +55,16 @@ def _bounded(name: str, value: str) -> str:
     if len(value) > MAX_HINT_CHARS:
         raise APIError(400, f"header {name}: longer than {MAX_HINT_CHARS} characters", param=name)
     return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _body_hint(name: str, value: str | None) -> str | None:
+    """A body hint with surrounding spaces dropped, as a header's are (``None`` if blank)."""
+    if value is None:
+        return None
+    return value.strip() or None
 
 
 def bearer_key(headers: Mapping[str, str]) -> str | None:
@@ -110,9 +121,16 @@ def resolve_hints(
     agent = _bounded("x-pbkv-agent", headers.get("x-pbkv-agent", "")) or None
     final = any(_flag(h, headers[h]) for h in FINAL_HEADERS if h in headers)
     if body is not None:
-        workflow_id = body.workflow_id or workflow_id
-        agent = body.agent or agent
+        workflow_id = _body_hint("workflow_id", body.workflow_id) or workflow_id
+        agent = _body_hint("agent", body.agent) or agent
         final = final or body.final
+    for name, value in (("workflow_id", workflow_id), ("agent", agent)):
+        if value is not None and _CONTROL.search(value):
+            raise APIError(
+                400,
+                f"{name} {value!r}: control characters (newline, NUL...) are not allowed",
+                param=f"pbkv.{name}",
+            )
     if cache_salt:
         tenant = f"{tenant}/{cache_salt}" if tenant else cache_salt
     return Hints(workflow_id, agent or DEFAULT_AGENT, final, tenant)

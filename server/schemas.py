@@ -3,9 +3,11 @@
 Requests are decoded once, by one typed decoder per endpoint, into frozen msgspec Structs:
 a field of the wrong type or out of range fails there with the JSON path of the field
 (``$.messages[0].content``). Unknown fields are tolerated, as OpenAI-compatible servers
-do (vendor extensions), and the known ones pbkv does not serve (``tools``,
-``response_format``, ``logprobs``, penalties) are typed so that asking for them is a
-400 naming the field rather than a reply that silently ignores them. Mirrors the openai-python types
+do (vendor extensions), and the known ones pbkv does not serve (``tools`` and the
+legacy ``functions``, ``response_format``, ``logprobs``, penalties, ``logit_bias``,
+audio, ``echo``, ``best_of``, ``suffix``, non-text parts) are read so that asking for
+them is a 400 naming the field rather than a reply that silently ignores them. Mirrors
+the openai-python types
 (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``, ``Model``) and vLLM's
 ``cache_salt``; the ``pbkv`` body object carries workflow hints (§7.4).
 """
@@ -28,7 +30,7 @@ class TextPart(msgspec.Struct, frozen=True):
     """One part of a multi-part message content; only ``type: "text"`` is served (an
     image or audio part is a 400 naming it, never served as empty text)."""
 
-    type: Literal["text"]
+    type: str
     text: str = ""
 
 
@@ -87,6 +89,7 @@ class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = None
 
 
 class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
@@ -96,12 +99,18 @@ class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
     max_completion_tokens: MaxTokens | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None  # the legacy form of tools
+    function_call: str | dict[str, Any] | None = None
+    modalities: list[str] | None = None
 
 
 class CompletionRequest(_Sampled, frozen=True, kw_only=True):
     """``POST /v1/completions``: one prompt string (token-id and batch prompts are refused)."""
 
     prompt: str | list[str]
+    echo: bool = False
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+    suffix: str | None = None
 
 
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)

@@ -176,3 +176,17 @@ def test_open_loop_flag_and_mooncake_reach_the_json_config(tmp_path):
     argv = ["bench", "--app", "mooncake", "--workflows", "3", "--policies", "lru"]
     assert main([*argv, "--hardware", "h200", "--model", "qwen3-14b", "--json", str(path)]) == 0
     assert json.loads(path.read_text())["config"]["open_loop"] is True
+
+
+def test_an_apps_own_error_in_a_bench_is_one_line_naming_the_node(tmp_path, monkeypatch, capsys):
+    (tmp_path / "raising_app.py").write_text(
+        "import pbkv\n"
+        "app = pbkv.App('raising').agent('p', role='Plan.').agent('q', role='Do.')\n"
+        "app.edge(pbkv.START, 'p').route('p', lambda s, out: {}['oops'], ['q', pbkv.END])\n"
+        "app.edge('q', pbkv.END)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    status = main(["bench", "--app", "raising_app:app", "--workflows", "2", "--policies", "lru"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "node 'p' (router) raised KeyError" in err and "Traceback" not in err

@@ -475,10 +475,15 @@ async def test_a_request_that_can_never_fit_the_gpu_tier_is_a_400_not_a_500():
         body = {"model": model, "messages": words, "max_tokens": 4}
         status, err = await _error(served, "/v1/chat/completions", body)
         assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "messages")
-        assert "16" in err["message"]  # the tier's blocks
+        assert "tier holds 256" in err["message"] and "RequestTooLarge" not in err["message"]
         body = {"model": model, "messages": chat("Hi."), "max_tokens": 400}
         status, err = await _error(served, "/v1/chat/completions", body)
         assert (status, err["code"], err["param"]) == (400, "context_length_exceeded", "max_tokens")
+        # without max_tokens the default budget is what the tier holds beside the prompt
+        body = {"model": model, "messages": [{"role": "user", "content": "word " * 100}]}
+        reply = await served.http("POST", "/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        assert 0 < reply.json()["usage"]["total_tokens"] <= 256
         stats = served.runtime.statistics()
     assert (stats.calls_in_flight, stats.leases) == (0, 0)
 
@@ -562,9 +567,24 @@ async def test_what_is_not_served_is_refused_naming_the_field_not_ignored(served
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": "x"}, "frequency_penalty"),
         ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0].type"),
+        ({"functions": [tool["function"]]}, "functions"),
+        ({"logit_bias": {"42": 5.0}}, "logit_bias"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
     ]
     for extra, param in refused:
         reply = await served.http("POST", "/v1/chat/completions", json={**base, **extra})
+        assert reply.status_code == 400, (extra, reply.text)
+        assert reply.json()["error"]["param"] == param, reply.text
+        if param != "frequency_penalty":  # a wrong type is a plain 400
+            assert reply.json()["error"]["code"] == "unsupported_parameter", reply.text
+    text = {"model": "tiny", "prompt": "Hi.", "max_tokens": 2}
+    for extra, param in (
+        ({"echo": True}, "echo"),
+        ({"best_of": 2}, "best_of"),
+        ({"suffix": "end"}, "suffix"),
+        ({"logprobs": 0}, "logprobs"),
+    ):
+        reply = await served.http("POST", "/v1/completions", json={**text, **extra})
         assert reply.status_code == 400, (extra, reply.text)
         assert reply.json()["error"]["param"] == param, reply.text
     neutral = {
@@ -577,3 +597,21 @@ async def test_what_is_not_served_is_refused_naming_the_field_not_ignored(served
     }
     reply = await served.http("POST", "/v1/chat/completions", json={**base, **neutral})
     assert reply.status_code == 200, reply.text
+
+
+async def test_a_hint_with_control_characters_is_refused_before_anything_runs(served: Served):
+    base = {"model": "tiny", "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 2}
+    for hints, param in (
+        ({"workflow_id": "a\r\nSet-Cookie: x=1"}, "pbkv.workflow_id"),
+        ({"workflow_id": "a\u0000b"}, "pbkv.workflow_id"),
+        ({"agent": "co\nder"}, "pbkv.agent"),
+    ):
+        reply = await served.http("POST", "/v1/chat/completions", json={**base, "pbkv": hints})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == param
+    assert served.stats()["sessions"]["opened"] == 0  # refused before a workflow opened
+    reply = await served.http(
+        "POST", "/v1/chat/completions", json={**base, "pbkv": {"workflow_id": " lead "}}
+    )
+    assert reply.headers["x-pbkv-workflow-id"] == "lead"  # stored as echoed: spaces dropped
+    assert [w.workflow_id for w in served.server.sessions.records()] == ["lead"]
