@@ -640,9 +640,12 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 seed = int.from_bytes(digest.digest())
             entry.generator = torch.Generator(device="cpu").manual_seed(seed)
         logits = logits.float().cpu()
-        # shifted so the largest is 0: a tiny temperature sends the rest to -inf, never
-        # the largest to inf (inf / inf is nan)
-        probs = torch.softmax((logits - logits.max()) / sampling.temperature, dim=-1)
+        scaled = logits / sampling.temperature
+        if not bool(torch.isfinite(scaled).all()):
+            # a tiny temperature overflows to inf (softmax: nan); shifted so the largest
+            # is 0, the rest go to -inf and the draw is the argmax
+            scaled = (logits - logits.max()) / sampling.temperature
+        probs = torch.softmax(scaled, dim=-1)
         if sampling.top_p < 1:
             sorted_probs, order = probs.sort(descending=True)
             keep = sorted_probs.cumsum(0) - sorted_probs < sampling.top_p
