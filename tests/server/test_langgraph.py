@@ -57,15 +57,20 @@ def build_graph(llm):
     return graph.compile(checkpointer=InMemorySaver())
 
 
-async def test_langgraph_threads_are_workflows_and_nodes_are_agents(served: Served):
-    llm = chat_model(
+def greedy_model(served: Served, *, max_tokens: int):
+    """The app's one changed line: pbkv's chat model for the served tiny model, greedy."""
+    return chat_model(
         base_url=served.server.address.base_url,
         model="tiny",
         temperature=0,
-        max_tokens=4,
+        max_tokens=max_tokens,
         max_retries=0,
         timeout=60,
     )
+
+
+async def test_langgraph_threads_are_workflows_and_nodes_are_agents(served: Served):
+    llm = greedy_model(served, max_tokens=4)
     app = build_graph(llm)
 
     def run(thread: str, failures: int) -> State:
@@ -109,14 +114,7 @@ async def test_streamed_calls_in_a_graph_carry_the_thread_and_node(served: Serve
     # hints come from the run config of the node instead
     import asyncio
 
-    llm = chat_model(
-        base_url=served.server.address.base_url,
-        model="tiny",
-        temperature=0,
-        max_tokens=3,
-        max_retries=0,
-        timeout=60,
-    )
+    llm = greedy_model(served, max_tokens=3)
 
     def one_node(name: str, node) -> object:
         graph = StateGraph(State)
