@@ -171,7 +171,12 @@ class _Generation:
     @property
     def prompt_param(self) -> str:
         """The request field that holds the prompt."""
-        return "messages" if self.endpoint == "chat" else "prompt"
+        return _prompt_param(self.endpoint)
+
+
+def _prompt_param(endpoint: str) -> str:
+    """The request field that holds the prompt of ``endpoint`` (``chat`` or ``text``)."""
+    return "messages" if endpoint == "chat" else "prompt"
 
 
 def _never_fits(exc: BaseException) -> bool:
@@ -366,19 +371,18 @@ class OpenAIApp:
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
 
-    def _authenticate(self, scope: Scope) -> str:
-        """Return the tenant of the request's API key; ``/v1`` routes and ``/stats`` (it
-        lists every tenant's workflows) need a known key when keys are configured,
-        before anything else is looked at. ``/health`` and ``/metrics`` stay open, as in
-        vLLM, for probes and scrapers.
+    def _authenticate(self, scope: Scope) -> None:
+        """Refuse a request without a known API key, when keys are configured, before
+        anything else is looked at: ``/v1`` routes and ``/stats`` (it lists every
+        tenant's workflows) need one; the tenant is read later, by :meth:`_hints`.
+        ``/health`` and ``/metrics`` stay open, as in vLLM, for probes and scrapers.
 
         Raises:
             APIError: 401 for a missing or unknown key; 400 for a header not in UTF-8.
         """
         path = scope["path"]
-        if self._config.api_keys is None or not (path.startswith("/v1") or path == "/stats"):
-            return ""
-        return key_tenant(_headers(scope), self._config.api_keys)
+        if self._config.api_keys is not None and (path.startswith("/v1") or path == "/stats"):
+            key_tenant(_headers(scope), self._config.api_keys)
 
     async def _read_body(self, receive: Receive) -> bytes:
         chunks: list[bytes] = []
@@ -551,7 +555,7 @@ class OpenAIApp:
         if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
             budget_param, budget = "max_completion_tokens", request.max_completion_tokens
         room = chat.context_length_tokens - prompt_tokens
-        prompt_param = "messages" if endpoint == "chat" else "prompt"
+        prompt_param = _prompt_param(endpoint)
         if room < 1:
             raise _context_error(prompt_param, prompt_tokens, 1, chat.context_length_tokens)
         if budget is None:  # as OpenAI: what the context leaves, up to the default
@@ -587,23 +591,10 @@ class OpenAIApp:
     ) -> None:
         if self.draining:
             raise self._draining_error()
-        self._generating += 1
-        try:
-            await self._generate(scope, request, endpoint, prompt, responder)
-        finally:
-            self._generating -= 1
-
-    async def _generate(
-        self,
-        scope: Scope,
-        request: ChatCompletionRequest | CompletionRequest,
-        endpoint: str,
-        prompt: str | list[dict[str, str]],
-        responder: _Responder,
-    ) -> None:
         self._check_model(request.model)
         generation = self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
+        self._generating += 1  # what a drain waits for
         try:
             async with self._sessions.workflow(hints) as lease:
                 headers = [(b"x-pbkv-workflow-id", lease.workflow_id.encode())]
@@ -615,6 +606,8 @@ class OpenAIApp:
             if _never_fits(exc):
                 raise self._tier_error(exc, generation) from exc
             raise
+        finally:
+            self._generating -= 1
 
     def _gpu_tier_tokens(self) -> int:
         """Tokens the GPU KV tier holds (0 where the engine's KV manager says none)."""
