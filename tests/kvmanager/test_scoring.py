@@ -1,5 +1,7 @@
 """PBKV's score (paper Eq. 2–4): agent weights, incremental refresh, splits (§5.3)."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 
 from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, scoring, validate_forecast
 from pbkv.kvmanager import manager as manager_module
+from pbkv.kvmanager.policies import SCORE_BAND_RATIO
 from pbkv.kvmanager.scoring import TAIL_MAX_STEPS, beyond_horizon_mass, history_sharpened
 
 from .conftest import FakeClock, make_manager
@@ -571,7 +574,8 @@ class StraightforwardBoard(ScoreBoard):
 def straightforward_key(node):
     """pbkv's eviction key with Python's own ``round`` (see ``workflow_priority``)."""
     value = round(node.score + node.queued, 12)
-    return (not node.retired, value, -node.oldest, node.last_access_s, node.serial)
+    band = math.floor(math.log(value) / math.log(SCORE_BAND_RATIO)) if value > 0 else -math.inf
+    return (not node.retired, band, -node.oldest, value, node.last_access_s, node.serial)
 
 
 def check_against_the_straightforward_board(clock, monkeypatch, agent_sets, seed, horizons):
