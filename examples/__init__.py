@@ -5,7 +5,8 @@ workflows with real SmolLM2 token ids. Apps: ``codegen`` (Planner → Coder → 
 an Analyzer retry loop), ``hover`` (multi-hop claim verification, 2–4 hops per claim),
 ``swebench`` (a manager-selected group chat resolving GitHub issues, with tool gaps),
 ``financebench`` (a static five-agent crew over a 10-K excerpt), ``groupchat`` (a
-selector group chat that keeps naming one member), ``taubench`` (replay
+selector group chat that keeps naming one member), ``toolloop`` (a ReAct-style
+assistant looping over two tools, quick or deep by the ticket), ``taubench`` (replay
 of the τ-bench airline trajectories) and ``mooncake`` (the Mooncake conversation trace
 replayed as unlabeled traffic, open loop).
 """
@@ -41,6 +42,7 @@ from pbkv.examples.mooncake import (
 )
 from pbkv.examples.swebench import MAX_CODER_TURNS, SwebenchApp, SwebenchTask
 from pbkv.examples.taubench import TOOL_LATENCY_S, Episode, TauBenchApp, load_episodes
+from pbkv.examples.toolloop import ToolLoopApp
 
 __all__ = [
     "BUNDLED_DATA_DIR",
@@ -66,6 +68,7 @@ __all__ = [
     "SwebenchTask",
     "TauBenchApp",
     "TokenizerUnavailable",
+    "ToolLoopApp",
     "app_names",
     "cache_dir",
     "decode",

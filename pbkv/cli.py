@@ -741,8 +741,8 @@ def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
 
 
 APP_HELP = (
-    "app: codegen, hover, swebench, financebench, groupchat, taubench, mooncake (the Mooncake "
-    "conversation trace as unlabeled open-loop traffic; its long prompts want "
+    "app: codegen, hover, swebench, financebench, groupchat, toolloop, taubench, mooncake "
+    "(the Mooncake conversation trace as unlabeled open-loop traffic; its long prompts want "
     "--hardware h200 --model qwen3-14b), or a user's app as "
     "module:attribute (a pbkv.live.App, or a factory of one, in an importable module)"
 )
