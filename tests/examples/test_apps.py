@@ -10,6 +10,7 @@ from pbkv.examples import (
     HoverApp,
     SwebenchApp,
     TauBenchApp,
+    ToolLoopApp,
     app_names,
     get_app,
     register_app,
@@ -30,6 +31,7 @@ APPS = {
     "hover": HoverApp,
     "swebench": SwebenchApp,
     "taubench": TauBenchApp,
+    "toolloop": ToolLoopApp,
 }
 
 
@@ -48,6 +50,7 @@ LAYOUTS = {
     "groupchat": PromptLayout((600, 1500), "Request", "Selector", (30, 120)),
     "hover": PromptLayout((1000, 2000), "Task", "Decomposer"),
     "swebench": PromptLayout((1000, 2000), "Issue", "Manager"),
+    "toolloop": PromptLayout((1000, 2000), "Ticket", "Assistant"),
 }
 GENERATED = tuple(LAYOUTS)
 """The apps that draw their workflows (taubench replays recorded ones)."""

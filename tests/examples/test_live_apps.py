@@ -19,6 +19,7 @@ CASES = {  # (seed, workflow indices): a few each, with the capped ones included
     "financebench": (0, (0, 1)),
     "groupchat": (0, (0, 1)),
     "taubench": (0, (0,)),
+    "toolloop": (0, (0, 3)),  # 0 is deep (15 tool rounds), 3 quick; no dry run hits the cap
 }
 
 
