@@ -272,7 +272,8 @@ def run_tool(agent: str) -> Any:
         if agent == "tester":
             report = state.last.text if state.last is not None else ""
             passed = re.search(r"\bfail", report, re.IGNORECASE) is None
-        return decode(_tool_result(agent, passed, f, state.rng("tools")))
+        body, closing = _tool_body(agent, passed, f, state.rng("tools"))
+        return decode(body) + closing  # the driver renders it as a tool message
 
     return run
 
@@ -314,7 +315,15 @@ def _output(
 def _tool_result(
     agent: str, passed: bool, task: Mapping[str, Any], rng: np.random.Generator
 ) -> tuple[int, ...]:
-    """Return a ``tool`` message with the result of the tool ``agent`` ran.
+    """Return a ``tool`` message with the result of the tool ``agent`` ran
+    (:func:`_tool_body`, its last line ending with the closing)."""
+    return tool_message(*_tool_body(agent, passed, task, rng))
+
+
+def _tool_body(
+    agent: str, passed: bool, task: Mapping[str, Any], rng: np.random.Generator
+) -> tuple[tuple[int, ...], str]:
+    """Return the ids of the result's lines and what its last line ends with.
 
     A Tester's test log ends with ``=== PASSED ===`` or ``=== FAILED ===`` by ``passed``.
     """
@@ -325,8 +334,7 @@ def _tool_result(
         "tester": text.TEST_PASS_LINES if passed else text.TEST_LOG_LINES,
     }[agent]
     closing = text.TEST_VERDICTS[passed] if agent == "tester" else ""
-    body = fill_lines("", lines, n_tokens, rng, _line_values(task["repo"]))
-    return tool_message(body, closing)
+    return fill_lines("", lines, n_tokens, rng, _line_values(task["repo"])), closing
 
 
 def _line_values(repo: str) -> LineValues:

@@ -3,7 +3,8 @@ import statistics
 
 import pytest
 
-from pbkv.examples import MAX_CODER_TURNS, SwebenchApp, decode
+from pbkv.examples import MAX_CODER_TURNS, SwebenchApp, decode, swebench
+from pbkv.examples import swebench_prompts as text
 from pbkv.examples.swebench import (
     DIFFICULTY_BONUS_TOKENS,
     OUTPUT_TOKENS,
@@ -15,6 +16,7 @@ from pbkv.examples.swebench import (
     rejection_probability,
 )
 from pbkv.live import LiveTask
+from pbkv.live.graph import State
 
 from . import checks
 
@@ -177,3 +179,15 @@ def test_output_lengths_and_tool_gaps_are_realistic(workflows):
     pairs = [(b, s) for w in workflows for b, s in zip(w.steps, w.steps[1:], strict=False)]
     after_tests = [s.gap_s for b, s in pairs if b.agent == "tester"]
     assert min(after_tests) >= 5.0 and max(after_tests) <= 20.0
+
+
+@pytest.mark.parametrize("worker", ["localizer", "coder", "tester"])
+async def test_real_tools_return_a_message_body_the_driver_wraps(worker):
+    # the driver renders a real tool's text as a tool message; markers in the text would
+    # reach the model twice
+    state = State(SwebenchApp().task(0, 0))
+    state.visits["coder"] = 1
+    result = await swebench.run_tool(worker)(state)
+    assert result and "<|im_start|>" not in result and "<|im_end|>" not in result
+    if worker == "tester":
+        assert result.endswith(text.TEST_VERDICTS[True])  # no failure reported: passes
