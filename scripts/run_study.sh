@@ -53,9 +53,11 @@ run mooncake pbkv bench --app mooncake --workflows 2000 --policies lru,pbkv --ha
   --model qwen3-14b --json "$out/bench-mooncake-h200.json"
 run sweep-concurrency pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 \
   --out-dir "$out"
+run toolloop-c32 pbkv bench --app toolloop --workflows 96 --concurrency 32 --policies "$paper" \
+  --json "$out/bench-toolloop-c32.json"
 run codegen-graphsage pbkv bench --app codegen --policies lru,he,pbkv --predictor graphsage \
   --train-workflows 1000 --json "$out/bench-codegen-graphsage.json"
-for app in hover codegen swebench financebench groupchat taubench; do
+for app in hover codegen swebench financebench groupchat taubench toolloop; do
   run "bench-$app" pbkv bench --app "$app" --policies "$all" --json "$out/bench-$app.json"
 done
 run hover-nohost pbkv bench --app hover --policies "$all" --host-kv-tokens 0 \
