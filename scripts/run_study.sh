@@ -3,7 +3,7 @@
 # Every number in docs/results.md comes from the JSON this writes into docs/data/.
 # The runs are independent, so JOBS of them (default: one per CPU) run at once, longest
 # first; each one's output goes to a log file, and a failed run is named with its log.
-# About an hour on 2 shared cores (the paper-load sweep is the longest run, 29 minutes there).
+# 26 minutes on 2 cores, up to an hour when they are shared (the paper-load sweep is the longest run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/data
