@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -626,17 +626,19 @@ class KVManager:
         """
         return self.note_queue((r.keys, r.namespace) for r in waiting)
 
-    def note_queue(self, queue: Iterable[QueuedPrompt]) -> int:
+    def note_queue(self, queue: Iterable[QueuedPrompt], held: Collection[int] = ()) -> int:
         """Do :meth:`note_waiting` for the whole queue given as ``(keys, namespace)`` pairs.
 
         A request is known by its ``keys`` list (the same object on every call, not
         changed while queued). Prefixes are walked again only where the tree changed
         since the last call (:class:`~pbkv.kvmanager.waiting.WaitingPrefixes`), and only
-        nodes whose count changed are re-keyed.
+        nodes whose count changed are re-keyed. Requests in ``held`` (``id`` of their key
+        lists: the ones a scheduler holds back behind its cohort) are indexed but not
+        counted into nodes.
 
         Returns / Mutates: as :meth:`note_waiting`.
         """
-        self.waiting.sync(queue)
+        self.waiting.sync(queue, held)
         if not self.policy.queue_aware:
             return 0
         changed = 0

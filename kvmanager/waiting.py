@@ -18,7 +18,7 @@ tier, and the walk itself never looks at tiers.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from pbkv.kvmanager.node import Node
@@ -50,6 +50,8 @@ class QueuedWalk:
             last node, or nothing matched): a new child there may extend it.
         whole: every node of ``path`` is matched whole (a match would split none).
         stale: the tree changed where the walk went; walk again before use.
+        held: the scheduler holds the request back (see :meth:`WaitingPrefixes.sync`):
+            its walk answers prefixes but does not count into nodes.
     """
 
     keys: list[int]
@@ -61,6 +63,7 @@ class QueuedWalk:
     open_end: bool = False
     whole: bool = True
     stale: bool = True
+    held: bool = False
 
 
 class WaitingPrefixes:
@@ -90,6 +93,7 @@ class WaitingPrefixes:
         self.counts: dict[Node, int] = {}
         """Node -> queued requests whose walk visits it (as of the last :meth:`sync`)."""
         self._before: dict[Node, int] = {}  # counts at the last take_changes, if changed
+        self._held: frozenset[int] = frozenset()  # the last sync's held prompts
         self.version = 0
         """Bumped whenever the queue or any walk changes (a cache key for rankings)."""
 
@@ -108,18 +112,26 @@ class WaitingPrefixes:
 
     # -- the queue -------------------------------------------------------------------
 
-    def sync(self, queue: Iterable[QueuedPrompt]) -> None:
+    def sync(self, queue: Iterable[QueuedPrompt], held: Collection[int] = ()) -> None:
         """Make the index hold exactly ``queue``'s prompts (:data:`QueuedPrompt` pairs).
 
         Prompts that left the queue are forgotten, new and stale ones walked; a queue
-        and tree unchanged since the last call cost one pass over the queue.
+        and tree unchanged since the last call cost one pass over the queue. ``held``
+        names (by ``id`` of their key lists) prompts the scheduler holds back for now:
+        their walks still answer prefixes but do not count into :attr:`counts`, since a
+        request that waits its turn behind the cohort is no near use of its prefix.
 
         Mutates: the index only (never the tree).
         """
         prompts = list(queue)
         order = [id(keys) for keys, _ in prompts]
-        if order != self._order:
+        changed = order != self._order
+        if changed:
             self._set_queue(prompts, order)
+        held = frozenset(held)
+        if changed or held != self._held:
+            self._hold(held)
+            self._held = held
         for walk in self._stale:
             self._unwalk(walk)
             self._walk(walk)
@@ -147,6 +159,14 @@ class WaitingPrefixes:
                     walk.copies = times[key]
                     self._stale.add(walk)
         self._order, self._copies = order, copies
+
+    def _hold(self, held: frozenset[int]) -> None:
+        for key, walk in self._walks.items():
+            now = key in held
+            if now != walk.held:
+                if self._count and not walk.stale:  # a stale walk counts when walked again
+                    self._add_counts(walk.path, -walk.copies if now else walk.copies)
+                walk.held = now
 
     def cached_blocks(self, keys: list[int], namespace: str = "") -> int | None:
         """Return a queued prompt's blocks cached in either tier (the sum of
@@ -182,8 +202,11 @@ class WaitingPrefixes:
         ``AssertionError`` naming the walk or node otherwise."""
         counts: dict[Node, int] = {}
         for walk in self._walks.values():
+            if walk.held != (id(walk.keys) in self._held):
+                raise AssertionError(f"walk of keys {walk.keys[:8]}: held is {walk.held}")
             for node in walk.path:
-                counts[node] = counts.get(node, 0) + walk.copies
+                if not walk.held:
+                    counts[node] = counts.get(node, 0) + walk.copies
                 if walk not in self._through.get(node, ()):
                     raise AssertionError(f"{node}: a walk through it is not registered")
             if walk.stale:
@@ -245,7 +268,7 @@ class WaitingPrefixes:
                 self._open_at.setdefault(path[-1], set()).add(walk)
             else:
                 self._open_at_root.setdefault(walk.namespace, set()).add(walk)
-        if self._count:
+        if self._count and not walk.held:
             self._add_counts(path, walk.copies)
 
     def _unwalk(self, walk: QueuedWalk) -> None:
@@ -256,7 +279,7 @@ class WaitingPrefixes:
                 _discard(self._open_at, walk.path[-1], walk)
             else:
                 _discard(self._open_at_root, walk.namespace, walk)
-        if self._count:
+        if self._count and not walk.held:
             self._add_counts(walk.path, -walk.copies)
         walk.path, walk.spans, walk.open_end, walk.stale = (), (), False, True
 

@@ -146,6 +146,31 @@ def test_cohort_lets_go_while_decode_dominates_and_when_unmeasured_it_holds():
     assert admit(WorkflowScheduler(cohort_fill=0.5), kv, waiting, running=1) == ["w0"]
 
 
+def test_a_held_request_does_not_count_toward_queue_aware_eviction():
+    # w1's prompt extends a cached prefix, but w1 waits behind the cohort: the prefix
+    # gets no queued count until w1 is released (while held it is no near use)
+    kv = manager(gpu=32, host=0, policy="pbkv")
+    for w in ("w0", "w1"):
+        kv.on_workflow_started(w)
+    cache(kv, [40, 41, 42])
+    waiting = deque(
+        [
+            entry("w1", [40, 41, 42, *range(50, 62)], workflow="w1"),
+            entry("w0", range(1, 18), workflow="w0"),
+        ]
+    )
+    scheduler = WorkflowScheduler(cohort_fill=0.3)
+    assert scheduler.cohort(kv, waiting) == {"w0"}
+    hold(kv, 15)  # running work fills the GPU, so w1 is only held, not admitted
+    admit(scheduler, kv, waiting, slots=0, running=1, prefill_share=0.9)
+    node = kv.tree.peek_path([40, 41, 42])[0]
+    assert node.queued == 0 and kv.queued_cached_blocks(waiting[0].keys) == 3
+    waiting.pop()  # w0's request ran and w0 ended: w1 joins the cohort
+    kv.on_workflow_terminated("w0")
+    admit(scheduler, kv, waiting, slots=0, running=1, prefill_share=0.9)
+    assert node.queued == 1
+
+
 def test_a_held_request_that_fits_in_free_space_is_admitted():
     kv = manager(gpu=16, host=0)
     for w in ("w0", "w1"):

@@ -42,6 +42,20 @@ def test_a_request_queued_twice_counts_twice(clock):
     assert mgr.tree.peek_path([1, 2])[0].queued == 1
 
 
+def test_a_held_request_is_indexed_but_not_counted_until_released(clock):
+    mgr = make_manager(clock, "pbkv", gpu=16)
+    run(mgr, clock, [1, 2, 3])
+    a, b = queued([1, 2, 3, 9]), queued([1, 2, 3, 8])
+    prompts = [(a.keys, ""), (b.keys, "")]
+    assert mgr.note_queue(prompts, {id(b.keys)}) == 1
+    node = mgr.tree.peek_path([1, 2, 3])[0]
+    assert node.queued == 1  # b waits behind the cohort: no near use
+    assert mgr.queued_cached_blocks(b.keys) == 3  # its walk still answers its prefix
+    assert mgr.note_queue(prompts, {id(a.keys), id(b.keys)}) == 1 and node.queued == 0
+    assert mgr.note_queue(prompts) == 1 and node.queued == 2  # both released
+    mgr.waiting.check_integrity()
+
+
 def test_a_walk_is_redone_after_a_split_an_insert_under_its_end_or_a_removal(clock):
     mgr = make_manager(clock, "lru", gpu=16, host=0)
     run(mgr, clock, [1, 2, 3])
@@ -96,6 +110,7 @@ class WaitingMachine(KVManagerMachine):
         super().__init__()
         self.queue: list[AdmitRequest] = []
         self.counted: Counter = Counter()  # what the last note_waiting counted
+        self.held: set[int] = set()  # id(keys) of requests the scheduler holds back
 
     @rule(prompt=PROMPTS, reuse=st.integers(0, 100), twice=st.booleans())
     def enqueue(self, prompt, reuse, twice):
@@ -109,12 +124,23 @@ class WaitingMachine(KVManagerMachine):
     def dequeue(self, index):
         self.queue.pop(index % len(self.queue))
 
+    @precondition(lambda self: self.queue)
+    @rule(index=st.integers(0, 100))
+    def hold_or_release(self, index):
+        self.held ^= {id(self.queue[index % len(self.queue)].keys)}
+
     @rule()
     def note_waiting(self):
         tree = self.kv.tree
         before = {n: n.queued for n in tree.nodes()}
-        expected = Counter(n for r in self.queue for n in tree.peek_path(r.keys, r.namespace))
-        changed = self.kv.note_waiting(iter(self.queue))
+        held = {id(r.keys) for r in self.queue} & self.held
+        expected = Counter(
+            n
+            for r in self.queue
+            if id(r.keys) not in held
+            for n in tree.peek_path(r.keys, r.namespace)
+        )
+        changed = self.kv.note_queue(((r.keys, r.namespace) for r in self.queue), held)
         if not self.kv.policy.queue_aware:
             assert changed == 0
             return
