@@ -80,7 +80,8 @@ agent (60% of tasks 2 calls, 40% 40 calls; 96 workflows, c=32; a probe):
 253.42; τ-bench c=48 171.56 / 171.55; every bundled app at c=16 within 0.1%. Bands of
 0.05 in absolute score gave 457.37 on the tool loop but hover 561.75 / 567.01 / 650.46.
 On the bundled ``toolloop`` (96 workflows, c=32, seeds 0/1): 483.85 / 454.87 and 352.50 /
-327.46, against lru:workflow's 438.31 and 324.55: closer, not yet ahead."""
+327.46, against lru:workflow's 438.31 and 324.55; with held-back requests no longer
+counted as queued (:mod:`pbkv.engines.scheduler`) 445.38 and 321.02."""
 _LOG_BAND = math.log(SCORE_BAND_RATIO)
 NO_REUSE_BAND = -(1 << 30)
 """The band of a score of 0 (or below, by rounding): below every positive score's."""
