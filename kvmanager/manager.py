@@ -761,9 +761,10 @@ class KVManager:
         blocks are counted as needing room even while a load of them is in flight); 0
         when the request fits. Does not modify the manager.
         """
-        path = self.tree.peek_path(request.keys, request.namespace)
+        path, spans = self.tree.peek_spans(request.keys, request.namespace)
         gpu_matched, _ = self.tree.peek_prefix(request.keys, request.namespace)
-        own = sum(n.num_blocks for n in path if n.on_gpu and n.lock_count == 0)
+        # the matched span only: eviction splits a node and takes its tail
+        own = sum(m for n, m in zip(path, spans, strict=True) if n.on_gpu and n.lock_count == 0)
         evictable = self.tree.cached_blocks("gpu") - self.tree.leased_blocks("gpu") - own
         need = self.blocks_needed(request.prompt_tokens, request.max_new_tokens) - gpu_matched
         return max(0, need - self.tree.gpu.num_free - evictable)
@@ -773,11 +774,13 @@ class KVManager:
         ``admissions`` commit what they computed and are released (retraction, §7.0).
 
         Their reserved blocks count (committed or freed, either way unleased), and so do
-        the GPU blocks of nodes only they lease, outside ``request``'s cached prefix.
+        the GPU blocks that only they lease, outside ``request``'s cached prefix (of a
+        node that prefix ends inside, the tail: eviction splits it and takes that).
         A lower bound for :meth:`gpu_shortfall` to compare against. Does not modify the
         manager.
         """
-        own = {n.serial for n in self.tree.peek_path(request.keys, request.namespace)}
+        path, spans = self.tree.peek_spans(request.keys, request.namespace)
+        own = {n.serial: m for n, m in zip(path, spans, strict=True)}  # blocks of each it matches
         through: dict[int, tuple[Node, int]] = {}
         gain = 0
         for admission in admissions:
@@ -788,8 +791,8 @@ class KVManager:
                 through[walk.serial] = (walk, n + 1)
                 walk = walk.parent
         for serial, (node, n) in through.items():
-            if node.lock_count == n and node.gpu_blocks is not None and serial not in own:
-                gain += len(node.gpu_blocks)
+            if node.lock_count == n and node.gpu_blocks is not None:
+                gain += len(node.gpu_blocks) - own.get(serial, 0)
         return gain
 
     def discard_host_blocks(self, host_blocks: set[int]) -> int:

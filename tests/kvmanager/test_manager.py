@@ -182,6 +182,25 @@ def test_prefix_in_flight_until_the_computing_request_commits(clock):
     mgr.check_integrity()
 
 
+def test_shortfall_and_release_gain_count_the_tail_of_a_node_the_prefix_ends_inside(clock):
+    """A waiting prompt that diverges inside a node owns only the blocks it matches:
+    the node's tail is evictable for it (eviction splits the node and takes the tail)."""
+    mgr = make_manager(clock, "lru", gpu=8, host=0)
+    victim = mgr.try_admit(AdmitRequest([1, 2, 3, 4, 5], 5, 1))  # 6 private blocks
+    mgr.commit(victim, [1, 2, 3, 4, 5])  # one node
+    assert [n.num_blocks for n in mgr.tree.nodes()] == [5]
+    waiting = AdmitRequest([1, 2, 8], 3, 1)  # 4 blocks, 2 cached: needs 2, 2 are free
+    assert mgr.gpu_shortfall(waiting) == 0
+    big = AdmitRequest([1, 2, 8, 9, 10, 11], 6, 1)  # needs 5: 2 free, nothing evictable
+    assert mgr.gpu_shortfall(big) == 3
+    # released: its private block, and [3, 4, 5] of the node, not the matched [1, 2]
+    assert mgr.release_gain([victim], big) == 1 + 3
+    mgr.release(victim)
+    assert mgr.gpu_shortfall(big) == 0
+    assert mgr.try_admit(big) is not None
+    mgr.check_integrity()
+
+
 def test_prefix_in_flight_counts_every_request_computing_a_block(clock):
     mgr = make_manager(clock, "lru", gpu=16, host=0)
     a = mgr.try_admit(AdmitRequest([1, 2], 2, 1))
