@@ -762,9 +762,10 @@ class KVManager:
         when the request fits. Does not modify the manager.
         """
         path, spans = self.tree.peek_spans(request.keys, request.namespace)
-        gpu_matched, _ = self.tree.peek_prefix(request.keys, request.namespace)
+        on_gpu = [(n, m) for n, m in zip(path, spans, strict=True) if n.on_gpu]
+        gpu_matched = sum(m for _, m in on_gpu)  # peek_prefix's GPU count, from one walk
         # the matched span only: eviction splits a node and takes its tail
-        own = sum(m for n, m in zip(path, spans, strict=True) if n.on_gpu and n.lock_count == 0)
+        own = sum(m for n, m in on_gpu if n.lock_count == 0)
         evictable = self.tree.cached_blocks("gpu") - self.tree.leased_blocks("gpu") - own
         need = self.blocks_needed(request.prompt_tokens, request.max_new_tokens) - gpu_matched
         return max(0, need - self.tree.gpu.num_free - evictable)
