@@ -22,6 +22,7 @@ Plain synchronous code; no trio, no engine.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,12 +55,23 @@ class AccessLog:
     events: list[tuple[bool, tuple[int, ...]]] = field(default_factory=list)
     produced: set[int] = field(default_factory=set)
     prompt_tokens: int = 0
-    _ids: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)
+    _ids: dict[str, dict[int, int]] = field(default_factory=dict, repr=False)  # ns -> key -> id
+    _interned: int = field(default=0, repr=False)
     _accessed_at: dict[int, int] = field(default_factory=dict, repr=False)  # id -> event
 
     def _intern(self, keys: Sequence[int], namespace: str) -> tuple[int, ...]:
-        ids = self._ids
-        return tuple(ids.setdefault((namespace, k), len(ids)) for k in keys)
+        """Return each key's id: ``0, 1, ...`` over every namespace, in first-seen order."""
+        ids = self._ids.get(namespace)
+        if ids is None:
+            ids = self._ids[namespace] = {}
+        found = tuple(map(ids.get, keys))
+        if None not in found:
+            return found  # type: ignore[return-value]
+        for k in keys:
+            if k not in ids:
+                ids[k] = self._interned
+                self._interned += 1
+        return tuple(map(ids.__getitem__, keys))
 
     def access(self, keys: Sequence[int], namespace: str, prompt_tokens: int) -> None:
         """Record an admitted request's prompt block keys. Mutates the log."""
@@ -96,14 +108,20 @@ class AccessLog:
         in the blocks committed rather than quadratic, with the same bounds as logging
         every commit whole.
 
+        The keys accessed since form a prefix of the previous commit's: block keys chain
+        the namespace and every earlier block (:func:`~pbkv.kvmanager.block_keys`), and
+        an access lists a prompt's keys from its first block, so an access that holds a
+        commit's ``j``-th key holds every key before it. The cut is found by bisection,
+        so a commit costs its new keys, not the request's whole sequence again.
+
         Mutates the log.
         """
         prior = () if previous is None else previous.ids
         ids = prior + self._intern(keys[len(prior) :], namespace)
         if previous is not None:
             since, accessed_at = previous.event, self._accessed_at
-            kept = tuple(k for k in prior if accessed_at.get(k, -1) > since)
-            self.events[since] = (False, kept)
+            cut = bisect.bisect_left(prior, True, key=lambda k: accessed_at.get(k, -1) <= since)
+            self.events[since] = (False, prior[:cut])
         self.events.append((False, ids))
         self.produced.update(ids[prompt_blocks:])
         return LoggedInsert(ids, len(self.events) - 1)
