@@ -233,7 +233,6 @@ class KVManager:
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
         self.tree.hooks.on_insert = self.waiting.on_insert
-        self.tree.hooks.on_extend = self.waiting.on_extend
         self._counters = _Counters()
         # what _refused_as_is reads of the tree, as of tree version _room_at
         self._room_at = -1
@@ -389,7 +388,7 @@ class KVManager:
 
         :attr:`RadixTree.version` moves with every change; this one ignores *settled*
         commits, those that only hang the request's new blocks as one new leaf below
-        its own lease (or append them to the leaf it leases, :func:`_own`): the free blocks, the unleased blocks, every candidate and its
+        its own lease: the free blocks, the unleased blocks, every candidate and its
         key and every queued walk stay (a walk the new leaf extends moves the queue's
         index, and the commit is then not settled); what changes is leased (the new
         leaf, the prefix's timestamps and scores) or is the request's own in-flight
@@ -692,8 +691,7 @@ class KVManager:
         settled = tree.version == self._settled_at and self.kvflow is None and self.belady is None
         free, walks = tree.gpu.num_free, self.waiting.version
         old = admission.lease
-        extend = self.kvflow is None and self.belady is None and _own(old.node, admission.request)
-        match = tree.insert_below(old.node, keys, admission.private_blocks[:new], extend=extend)
+        match = tree.insert_below(old.node, keys, admission.private_blocks[:new])
         self._computed(admission.request.keys, admission.committed_blocks, len(keys))
         admission.private_blocks = admission.private_blocks[new:]  # only once the tree owns them
         admission.lease = tree.lock(match.node)
@@ -918,28 +916,11 @@ class KVManager:
 
 def _leased_leaf(node: Node, lease_node: Node, blocks: int) -> bool:
     """Return whether a commit's deepest ``node`` is a new GPU-only leaf of ``blocks``
-    keys hung right below ``lease_node``, or ``lease_node`` itself extended (not a split
-    or adopted node: those have a host copy or leave the free blocks changed)."""
+    keys hung right below ``lease_node`` (not a split or adopted node: those have a
+    host copy or leave the free blocks changed)."""
     return (
-        (node is lease_node or (node.parent is lease_node and len(node.keys) == blocks))
+        node.parent is lease_node
         and not node.children
         and node.host_blocks is None
-    )
-
-
-def _own(node: Node, request: AdmitRequest) -> bool:
-    """Return whether blocks ``request`` commits below ``node`` may extend it: only this
-    request's workflow and agent touched it, it is live and no queued prompt runs
-    through it, so a new leaf there would carry the same accessors, score, flags and
-    counts (:meth:`RadixTree.insert_below` checks the rest: a GPU-only leaf it alone
-    leases). A request's chunk commits then grow one node, not a chain of them: a
-    chain costs each later commit a walk up the whole chain, and eviction a step per
-    node."""
-    wid = request.workflow_id
-    return (
-        wid is not None
-        and not node.retired
-        and not node.queued
-        and len(node.accessors) == 1
-        and node.accessors.get(wid) == {request.agent}
+        and len(node.keys) == blocks
     )

@@ -95,8 +95,6 @@ class TreeHooks:
         on_split / on_remove: keep the score board's per-workflow node sets exact.
         on_insert: ``(leaf)``: a new node was added under ``leaf.parent`` (queued
             requests' walks that stopped there may now go further).
-        on_extend: ``(leaf)``: blocks were appended to ``leaf`` (walks that stopped at
-            its end may now go further).
         on_demote: ``(node, gpu_blocks, host_blocks)``: a GPU copy is being demoted into
             newly allocated host blocks; an owned-cache engine copies device → host here.
             Called before the GPU blocks are freed: they may be reallocated as soon as it
@@ -107,7 +105,6 @@ class TreeHooks:
     on_split: Callable[[Node, Node], None] = lambda old, top: None
     on_remove: Callable[[Node], None] = lambda node: None
     on_insert: Callable[[Node], None] = lambda leaf: None
-    on_extend: Callable[[Node], None] = lambda leaf: None
     on_demote: Callable[[Node, list[int], list[int]], None] = lambda node, gpu, host: None
 
 
@@ -389,9 +386,7 @@ class RadixTree:
         self.version += 1
         return self._insert_below(self.root(namespace), [], 0, keys, gpu_blocks, self.clock(), 0)
 
-    def insert_below(
-        self, node: Node, keys: list[int], gpu_blocks: list[int], *, extend: bool = False
-    ) -> MatchResult:
+    def insert_below(self, node: Node, keys: list[int], gpu_blocks: list[int]) -> MatchResult:
         """Do :meth:`insert` for ``keys`` whose cached, leased prefix ends at ``node``.
 
         The same tree, timestamps, eviction order and result as
@@ -402,12 +397,6 @@ class RadixTree:
         because a leased node is not a candidate (see :meth:`reprioritize`). Falls back
         to :meth:`insert` unless the path to ``node`` holds exactly the first
         ``len(keys) - len(gpu_blocks)`` keys, all leased and on the GPU.
-
-        With ``extend``, a ``node`` that is a GPU-only leaf leased once (by the caller)
-        takes the new blocks itself instead of a new leaf below it (see
-        :meth:`_extend_leaf`): the same blocks, timestamps and keys, one node where
-        chunk commits would hang a chain of them. The caller says when that is the same
-        cache (``node``'s accessors, score and flags are what a new leaf would get).
 
         Raises / Mutates: as :meth:`insert`.
         """
@@ -428,28 +417,7 @@ class RadixTree:
         prefix.reverse()
         for walk in prefix:
             walk.last_access_s = now
-        if extend and gpu_blocks and _extendable(node):
-            self._extend_leaf(node, keys[skip:], gpu_blocks)
-            return MatchResult(node, tuple(prefix), len(keys), 0)
         return self._insert_below(node, prefix, skip, keys, gpu_blocks, now, depth)
-
-    def _extend_leaf(self, leaf: Node, keys: list[int], gpu_blocks: list[int]) -> None:
-        """Append ``keys`` and their private ``gpu_blocks`` to ``leaf`` (leased, GPU-only).
-
-        The leaf takes a new serial, the one a new leaf would take here, so that equal
-        eviction keys rank it as they would rank the newest node of a chain.
-        """
-        for index in self._index.values():
-            index.remove(leaf)  # keyed by serial; a leased leaf is no candidate anyway
-        leaf.serial = next(self._serial)
-        assert leaf.gpu_blocks is not None
-        leaf.keys = leaf.keys + keys  # new lists: a caller may hold the old ones
-        leaf.gpu_blocks = leaf.gpu_blocks + gpu_blocks
-        n = len(gpu_blocks)
-        self._private["gpu"] -= n
-        self._cached["gpu"] += n
-        self._leased["gpu"] += n
-        self.hooks.on_extend(leaf)
 
     def _insert_below(
         self,
@@ -866,20 +834,6 @@ class RadixTree:
             f"RadixTree(gpu {self._cached['gpu']}/{self.gpu.capacity_blocks} cached, "
             f"host {self._cached['host']}/{self.host.capacity_blocks} cached)"
         )
-
-
-def _extendable(node: Node) -> bool:
-    """Return whether ``node`` may take appended blocks: a GPU-only leaf below the root
-    that one lease holds, with no copy in flight and no unused prefetch."""
-    return (
-        node.lock_count == 1
-        and not node.children
-        and node.parent is not None
-        and node.gpu_blocks is not None
-        and node.host_blocks is None
-        and not node.loading
-        and not node.prefetched
-    )
 
 
 def _count_child(node: Node, tier: str, delta: int) -> None:

@@ -7,12 +7,11 @@ every queued prompt through the tree on every step costs queue x depth span comp
 per step; this index walks a prompt again only when the tree changed where its walk went:
 
 * a node on its path was split or removed (the tree's ``on_split`` / ``on_remove`` hooks);
-* a child was added under the node where its walk stopped for want of one (``on_insert``);
-* a leaf on its path took more blocks (``on_extend``).
+* a child was added under the node where its walk stopped for want of one (``on_insert``).
 
 Nothing else changes which nodes a walk visits or how many blocks it matches in each: a
-node's keys change only when it is split or extended, and its children only by split,
-removal and insertion. Residency may change freely: a prefix's cached length counts blocks in either
+node's keys change only when it is split, and its children only by those three
+operations. Residency may change freely: a prefix's cached length counts blocks in either
 tier, and the walk itself never looks at tiers.
 """
 
@@ -246,12 +245,6 @@ class WaitingPrefixes:
             self._mark_stale(self._open_at_root.get(parent.namespace))
         else:
             self._mark_stale(self._open_at.get(parent))
-
-    def on_extend(self, leaf: Node) -> None:
-        """``leaf`` took more blocks: walks through it must be walked again (one that
-        stopped at its end may go further, one that ended with it no longer matches it
-        whole)."""
-        self._mark_stale(self._through.get(leaf))
 
     # -- internals -------------------------------------------------------------------
 
