@@ -200,12 +200,14 @@ class Actor:
 
 def _send_reply(item: Any, reply: Reply) -> None:
     """Send ``reply`` to the asker of mailbox ``item``, if any; a gone asker is logged."""
-    if type(item) is not Envelope or item.reply_to is None:
+    if type(item) is not Envelope:
         return
-    envelope = item
-    with envelope.reply_to:
+    reply_to = item.reply_to
+    if reply_to is None:
+        return
+    with reply_to:
         try:
-            envelope.reply_to.send_nowait(reply)
+            reply_to.send_nowait(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             logger.debug("reply dropped: the asker stopped waiting (timed out or cancelled)")
 
