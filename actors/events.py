@@ -122,7 +122,8 @@ class InvocationDone(msgspec.Struct, frozen=True, tag=True):
 class ForecastRequest(msgspec.Struct, frozen=True, tag=True):
     """Ask the PredictorActor for one workflow's K-step forecast.
 
-    ``reply`` is a one-shot trio send channel that receives a ``(K, |V|+1)`` array, or
+    ``reply`` is a one-shot trio send channel that receives a
+    :class:`~pbkv.predictor.base.Forecast` (a ``(K, |V|+1)`` array and its columns), or
     ``None`` when every predictor in the fallback chain failed.
     """
 
@@ -133,3 +134,15 @@ class ForecastRequest(msgspec.Struct, frozen=True, tag=True):
     hidden: Any = None
     reply: Any = None
     context_tail: str = ""
+    tenant: str = ""
+
+
+class PathObserved(msgspec.Struct, frozen=True, tag=True):
+    """Tell the PredictorActor the path a workflow ran, as it ends (online learning).
+
+    Sent for workflows that ran their course (``end``, ``recursion_limit``).
+    """
+
+    app: str
+    path: tuple[str, ...]
+    tenant: str = ""

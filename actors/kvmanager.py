@@ -18,13 +18,15 @@ import trio
 from pbkv.actors.events import (
     AgentFinished,
     AgentInvoked,
+    RAN_TO_END,
     ForecastRequest,
+    PathObserved,
     PrefillDone,
     WorkflowStarted,
     WorkflowTerminated,
 )
 from pbkv.kvmanager import KVManager
-from pbkv.runtime import Actor, ActorRef, EventSink, TaskStatus
+from pbkv.runtime import Actor, ActorRef, ActorStopped, EventSink, TaskStatus
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 class _WorkflowView:
     app: str
     task_text: str
+    tenant: str = ""
     path: list[str] = field(default_factory=list)
     step: int = -1
     context_tail: str = ""
@@ -44,7 +47,8 @@ class KVManagerActor(Actor):
     Args:
         kv: the synchronous core (shared with the engine's scheduler).
         predictor: the PredictorActor's ref, or ``None`` for policies without forecasts.
-        agents: the forecast columns (the predictor's agent vocabulary).
+            It is told each ended workflow's path (:class:`PathObserved`) so an online
+            forecaster learns; each forecast carries its own columns.
         recorder: if given, every lifecycle event is handed to it (an
             :class:`~pbkv.runtime.EventRecorder` appends it to a JSONL file, a
             :class:`~pbkv.actors.traces.TraceRecorder` builds the workflows' traces).
@@ -54,7 +58,6 @@ class KVManagerActor(Actor):
         self,
         kv: KVManager,
         predictor: ActorRef | None,
-        agents: tuple[str, ...] = (),
         *,
         recorder: EventSink | None = None,
         mailbox_capacity: int = 1024,
@@ -63,11 +66,11 @@ class KVManagerActor(Actor):
         self.kv = kv
         self.recorder = recorder
         self.predictor = predictor if kv.policy.uses_forecasts else None
-        self.agents = agents
         self._workflows: dict[str, _WorkflowView] = {}
         self._nursery: trio.Nursery | None = None
         self.forecasts_applied = 0
         self.forecasts_stale = 0
+        self.paths_dropped = 0
 
     async def run(self, *, task_status: TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -79,8 +82,8 @@ class KVManagerActor(Actor):
         if self.recorder is not None:
             self.recorder.record(msg)  # type: ignore[arg-type]
         match msg:
-            case WorkflowStarted(workflow_id=w, app=app, task_text=text):
-                self._workflows[w] = _WorkflowView(app, text)
+            case WorkflowStarted(workflow_id=w, app=app, task_text=text, tenant=tenant):
+                self._workflows[w] = _WorkflowView(app, text, tenant)
                 self.kv.on_workflow_started(w)
             case AgentInvoked(workflow_id=w, step=step, agent=agent, context_tail=tail):
                 view = self._workflows[w]
@@ -96,9 +99,11 @@ class KVManagerActor(Actor):
                     self._request_forecast(w, known, np.asarray(hidden, dtype=np.float32))
             case PrefillDone() | AgentFinished():
                 pass
-            case WorkflowTerminated(workflow_id=w):
-                self._workflows.pop(w, None)
+            case WorkflowTerminated(workflow_id=w, reason=reason):
+                view = self._workflows.pop(w, None)
                 self.kv.on_workflow_terminated(w)
+                if view is not None and view.path and reason in RAN_TO_END:
+                    self._tell_path(view)
             case _:
                 raise TypeError(f"KVManagerActor cannot handle {type(msg).__name__}")
 
@@ -108,7 +113,14 @@ class KVManagerActor(Actor):
         request_step = view.step
         send, receive = trio.open_memory_channel[np.ndarray | None](1)
         request = ForecastRequest(
-            w, view.app, tuple(view.path), view.task_text, hidden, send, view.context_tail
+            w,
+            view.app,
+            tuple(view.path),
+            view.task_text,
+            hidden,
+            send,
+            view.context_tail,
+            view.tenant,
         )
         self._nursery.start_soon(self._await_forecast, w, request_step, request, receive)
 
@@ -122,5 +134,17 @@ class KVManagerActor(Actor):
         if forecast is None or view is None or view.step != step:
             self.forecasts_stale += 1
             return
-        self.kv.on_forecast(w, forecast, self.agents)
+        self.kv.on_forecast(w, forecast.probabilities, forecast.agents)
         self.forecasts_applied += 1
+
+    def _tell_path(self, view: _WorkflowView) -> None:
+        """Hand an ended workflow's path to the predictor (online learning); dropped and
+        counted when its mailbox is full, so the KV manager never waits on it."""
+        if self.predictor is None:
+            return
+        try:
+            told = self.predictor.try_tell(PathObserved(view.app, tuple(view.path), view.tenant))
+        except ActorStopped:
+            told = False
+        if not told:
+            self.paths_dropped += 1

@@ -9,12 +9,23 @@ from dataclasses import dataclass
 import numpy as np
 import trio
 
-from pbkv.actors.events import ForecastRequest
+from pbkv.actors.events import ForecastRequest, PathObserved
 from pbkv.kvmanager import validate_forecast
-from pbkv.predictor.base import Forecaster, WorkflowState
+from pbkv.predictor.base import Forecast, Forecaster, WorkflowState
+from pbkv.predictor.online import OnlineAccuracy
 from pbkv.runtime import Actor, now_s
 
 log = logging.getLogger(__name__)
+
+MAX_LOGGED_UNKNOWN_AGENTS = 256
+"""Distinct unknown agent names logged (and listed in the statistics) at most; a server's
+clients name agents freely, so the set is bounded."""
+
+
+def learns_agents(forecaster: Forecaster) -> bool:
+    """Whether ``forecaster`` has a per-app, growing vocabulary (an online forecaster:
+    ``forecast_each`` and ``observe``) rather than fixed ``agents`` columns."""
+    return hasattr(forecaster, "forecast_each") and hasattr(forecaster, "observe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +78,9 @@ class PredictorActor(Actor):
     long the model takes in wall time, so simulations keep the default (inline).
 
     Args:
-        chain: forecasters in order of preference; all share one agent vocabulary.
+        chain: forecasters in order of preference; the fixed-vocabulary ones share one
+            agent vocabulary, an online one (:func:`learns_agents`) keeps one per app and
+            learns from the ended workflows' paths (:class:`PathObserved`).
         max_batch: most requests per model call, >= 1.
         max_wait_s: longest time the oldest pending request waits for company, >= 0.
         run_in_thread: run the forecaster in a worker thread (real-time serving).
@@ -89,8 +102,11 @@ class PredictorActor(Actor):
         super().__init__(mailbox_capacity=mailbox_capacity)
         if not chain:
             raise ValueError("chain must hold at least one forecaster")
-        if any(tuple(f.agents) != tuple(chain[0].agents) for f in chain):
-            raise ValueError("every forecaster of chain must share one agent vocabulary")
+        fixed = [f for f in chain if not learns_agents(f)]
+        if any(tuple(f.agents) != tuple(fixed[0].agents) for f in fixed):
+            raise ValueError(
+                "every fixed-vocabulary forecaster of chain must share one agent vocabulary"
+            )
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_s < 0:
@@ -103,13 +119,16 @@ class PredictorActor(Actor):
         self._deadline_s = 0.0
         self._requests = self._batches = self._max_batch = 0
         self._fallbacks = self._failures = self._unanswered = 0
-        self._vocabulary = frozenset(self.chain[0].agents)
+        self._fixed_agents: tuple[str, ...] = tuple(fixed[0].agents) if fixed else ()
+        self._vocabulary = frozenset(self._fixed_agents)
+        self._learns = any(learns_agents(f) for f in self.chain)
         self._unknown_requests = self._rejected = 0
         self._unknown_agents: set[str] = set()
 
     @property
     def agents(self) -> tuple[str, ...]:
-        return self.chain[0].agents
+        """The fixed forecasters' vocabulary (empty when only online ones serve)."""
+        return self._fixed_agents
 
     async def handle(self, msg: ForecastRequest) -> None:
         match msg:
@@ -122,6 +141,10 @@ class PredictorActor(Actor):
                     await self._flush()
                 elif self._mailbox_empty():
                     await self._flush_when_due()
+            case PathObserved(app=app, path=path, tenant=tenant):
+                for forecaster in self.chain:
+                    if learns_agents(forecaster):
+                        forecaster.observe(app, path, tenant=tenant)  # type: ignore[attr-defined]
             case _:
                 raise TypeError(f"PredictorActor cannot handle {type(msg).__name__}")
 
@@ -156,27 +179,30 @@ class PredictorActor(Actor):
             except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
                 log.debug("forecast for %s no longer wanted", req.workflow_id)
 
-    def _forecast(self, batch: list[ForecastRequest]) -> list[np.ndarray | None]:
+    def _forecast(self, batch: list[ForecastRequest]) -> list[Forecast | None]:
         """Run the chain on ``batch``; may run in a worker thread (touches only counters)."""
-        out: list[np.ndarray | None] = [None] * len(batch)
-        rows = [i for i, r in enumerate(batch) if self._known_path(r)]
+        out: list[Forecast | None] = [None] * len(batch)
+        known = [self._known_path(r) for r in batch]
+        rows = [i for i, r in enumerate(batch) if r.path and (known[i] or self._learns)]
         states = {
-            i: WorkflowState(r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail)
+            i: WorkflowState(
+                r.workflow_id, r.app, r.path, r.task_text, r.hidden, r.context_tail, r.tenant
+            )
             for i, r in ((i, batch[i]) for i in rows)
         }
         for position, forecaster in enumerate(self.chain):
-            if not rows:
-                break
-            batch_states = [states[i] for i in rows]
+            eligible = rows if learns_agents(forecaster) else [i for i in rows if known[i]]
+            if not eligible:
+                continue
+            batch_states = [states[i] for i in eligible]
             answered = self._validated(
                 forecaster, batch_states, self._run(forecaster, batch_states)
             )
-            failed = [i for i, f in zip(rows, answered, strict=True) if f is None]
-            for i, forecast in zip(rows, answered, strict=True):
+            for i, forecast in zip(eligible, answered, strict=True):
                 out[i] = forecast
-            if failed and position + 1 < len(self.chain):
+            if position + 1 < len(self.chain) and any(out[i] is None for i in eligible):
                 self._fallbacks += 1
-            rows = failed
+            rows = [i for i in rows if out[i] is None]
         self._unanswered += len(rows)
         return out
 
@@ -184,14 +210,15 @@ class PredictorActor(Actor):
         self,
         forecaster: Forecaster,
         states: list[WorkflowState],
-        forecasts: list[np.ndarray | None],
-    ) -> list[np.ndarray | None]:
+        forecasts: list[Forecast | None],
+    ) -> list[Forecast | None]:
         """Replace each malformed forecast by ``None`` (counted and logged, §10)."""
-        out: list[np.ndarray | None] = []
+        out: list[Forecast | None] = []
         for state, forecast in zip(states, forecasts, strict=True):
             if forecast is not None:
                 try:
-                    forecast = validate_forecast(forecast, len(self.agents))
+                    probabilities = validate_forecast(forecast.probabilities, len(forecast.agents))
+                    forecast = Forecast(probabilities, forecast.agents)
                 except ValueError as exc:
                     self._rejected += 1
                     log.warning(
@@ -205,24 +232,30 @@ class PredictorActor(Actor):
         return out
 
     def _known_path(self, request: ForecastRequest) -> bool:
-        """Whether every agent of ``request.path`` is in the vocabulary; log new strangers."""
+        """Whether every agent of ``request.path`` is in the fixed vocabulary; log new
+        strangers (the first :data:`MAX_LOGGED_UNKNOWN_AGENTS` distinct names)."""
         unknown = [a for a in request.path if a not in self._vocabulary]
         if request.path and not unknown:
             return True
+        if self._learns:
+            return False  # an online forecaster learns it: nothing to report
         self._unknown_requests += 1
         for agent in unknown:
-            if agent not in self._unknown_agents:
-                self._unknown_agents.add(agent)
-                log.warning(
-                    "agent %r (app %s) is unknown to the predictor (agents: %s); its "
-                    "workflows go without forecasts",
-                    agent,
-                    request.app,
-                    ", ".join(self.agents),
-                )
+            if agent in self._unknown_agents:
+                continue
+            if len(self._unknown_agents) >= MAX_LOGGED_UNKNOWN_AGENTS:
+                break
+            self._unknown_agents.add(agent)
+            log.warning(
+                "agent %r (app %s) is unknown to the predictor (agents: %s); its "
+                "workflows go without forecasts",
+                agent,
+                request.app,
+                ", ".join(self.agents),
+            )
         return False
 
-    def _run(self, forecaster: Forecaster, states: list[WorkflowState]) -> list[np.ndarray | None]:
+    def _run(self, forecaster: Forecaster, states: list[WorkflowState]) -> list[Forecast | None]:
         """Forecast ``states`` in one call; ``None`` for each state it failed.
 
         A ``ValueError`` is the interface's bad-input error (one state's path or hidden
@@ -230,7 +263,7 @@ class PredictorActor(Actor):
         any other error fails the whole batch.
         """
         try:
-            return list(self._call(forecaster, states))
+            return self._call(forecaster, states)
         except ValueError as exc:
             if len(states) == 1:
                 self._failures += 1
@@ -245,7 +278,7 @@ class PredictorActor(Actor):
             self._failures += 1
             log.exception("forecaster %s failed on a batch of %d", forecaster.name, len(states))
             return [None] * len(states)
-        out: list[np.ndarray | None] = []
+        out: list[Forecast | None] = []
         refused: list[str] = []
         for state in states:
             try:
@@ -264,13 +297,28 @@ class PredictorActor(Actor):
         return out
 
     @staticmethod
-    def _call(forecaster: Forecaster, states: list[WorkflowState]) -> np.ndarray:
+    def _call(forecaster: Forecaster, states: list[WorkflowState]) -> list[Forecast | None]:
+        if learns_agents(forecaster):
+            answered = list(forecaster.forecast_each(states))  # type: ignore[attr-defined]
+            if len(answered) != len(states):
+                raise RuntimeError(
+                    f"{forecaster.name} returned {len(answered)} forecasts for {len(states)}"
+                )
+            return answered
         forecasts = np.asarray(forecaster.forecast(states))
         if forecasts.ndim != 3 or forecasts.shape[0] != len(states):
             raise RuntimeError(
                 f"{forecaster.name} returned shape {forecasts.shape} for {len(states)} states"
             )
-        return forecasts
+        agents = tuple(forecaster.agents)
+        return [Forecast(f, agents) for f in forecasts]
+
+    def online_accuracy(self) -> OnlineAccuracy | None:
+        """Return the first online forecaster's prequential accuracy (``None``: none)."""
+        for forecaster in self.chain:
+            if learns_agents(forecaster):
+                return forecaster.accuracy()  # type: ignore[attr-defined, no-any-return]
+        return None
 
     def predictor_statistics(self) -> PredictorStatistics:
         """Return a snapshot of the request, batch and fallback counters."""

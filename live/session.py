@@ -34,7 +34,7 @@ from pbkv.actors.events import (
     WorkflowTerminated,
 )
 from pbkv.actors.kvmanager import KVManagerActor
-from pbkv.actors.predictor import PredictorActor
+from pbkv.actors.predictor import PredictorActor, learns_agents
 from pbkv.actors.workload import Segment
 from pbkv.engines.base import GREEDY, Engine, EngineError, GenerateResult, Sampling
 from pbkv.kvmanager import KVManager, KVStatistics
@@ -180,6 +180,8 @@ class Runtime:
         max_idle_agents: agent actors kept (one per agent name, spawned on first call);
             past it the least recently used idle ones are stopped, and spawned again if
             called again.
+        predictor: the predictor actor (its chain, statistics and online accuracy), or
+            ``None`` when the runtime makes no forecasts.
     """
 
     def __init__(
@@ -194,8 +196,10 @@ class Runtime:
         max_calls_in_flight: int,
         history_limit: int = 4096,
         max_idle_agents: int = DEFAULT_MAX_IDLE_AGENTS,
+        predictor: PredictorActor | None = None,
     ) -> None:
         self.system = system
+        self.predictor = predictor
         self.engine = engine
         self.kv = kv
         self.chat = chat
@@ -217,6 +221,19 @@ class Runtime:
         self._history: dict[str, tuple[str, ...]] = {}
         self._history_limit = history_limit
         self.calls_in_flight = 0
+
+    def warm_start(
+        self, app: str, agents: Sequence[str], edges: Sequence[tuple[str, str]]
+    ) -> None:
+        """Give the online forecasters ``app``'s declared call graph to start from.
+
+        A no-op without an online forecaster (a fixed chain, or no predictor).
+
+        Mutates: the forecasters' models of ``app`` (learned counts are forgotten).
+        """
+        for forecaster in self.predictor.chain if self.predictor is not None else ():
+            if learns_agents(forecaster):
+                forecaster.warm_start(app, agents, edges)  # type: ignore[attr-defined]
 
     @property
     def samples_tokens(self) -> bool:
@@ -818,14 +835,12 @@ async def serve_runtime(
             EngineActor(engine), name="engine", strategy="restart", max_restarts=3, within_s=60.0
         )
         predictor: ActorRef | None = None
-        vocab: tuple[str, ...] = ()
+        predictor_actor: PredictorActor | None = None
         if forecasters:
-            predictor = await system.spawn(
-                PredictorActor(forecasters, run_in_thread=predictor_in_thread), name="predictor"
-            )
-            vocab = forecasters[0].agents
+            predictor_actor = PredictorActor(forecasters, run_in_thread=predictor_in_thread)
+            predictor = await system.spawn(predictor_actor, name="predictor")
         kvm = await system.spawn(
-            KVManagerActor(kv, predictor, vocab, recorder=recorder),
+            KVManagerActor(kv, predictor, recorder=recorder),
             name="kv-manager",
             depends_on=["predictor"] if predictor else [],
         )
@@ -837,6 +852,7 @@ async def serve_runtime(
             kvm,
             model_name=model_name,
             max_calls_in_flight=max_calls_in_flight,
+            predictor=predictor_actor,
         )
         try:
             yield runtime

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,7 @@ class WorkflowState:
             ``(d_model,)``, or ``None`` when the engine gives none.
         context_tail: the text of the latest message(s) of the current step's prompt, or
             ``""`` when unknown.
+        tenant: the workflow's tenant (cache salt); online models learn per app and tenant.
     """
 
     workflow_id: str
@@ -39,6 +40,21 @@ class WorkflowState:
     task_text: str = ""
     hidden: np.ndarray | None = None
     context_tail: str = ""
+    tenant: str = ""
+
+
+class Forecast(NamedTuple):
+    """One workflow's forecast with the columns it is over.
+
+    Attributes:
+        probabilities: float64, shape ``(K, len(agents) + 1)``; row ``k-1`` is step
+            ``t+k``'s distribution given the workflow is alive before it, ``END`` last.
+        agents: the column order (a fixed forecaster's vocabulary, or an online one's
+            app vocabulary as it stood).
+    """
+
+    probabilities: np.ndarray
+    agents: tuple[str, ...]
 
 
 @runtime_checkable
