@@ -16,9 +16,9 @@ import numpy as np
 import trio
 
 from pbkv.actors.events import (
+    RAN_TO_END,
     AgentFinished,
     AgentInvoked,
-    RAN_TO_END,
     ForecastRequest,
     PathObserved,
     PrefillDone,

@@ -236,7 +236,9 @@ class OnlineMarkovForecaster:
         return OnlineAccuracy(
             self._workflows,
             tuple(self._scored),
-            tuple(h / n if n else float("nan") for h, n in zip(self._hits, self._scored)),
+            tuple(
+                h / n if n else float("nan") for h, n in zip(self._hits, self._scored, strict=True)
+            ),
             tuple(sum(r) / len(r) if r else float("nan") for r in self._recent),
         )
 
