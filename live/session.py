@@ -524,6 +524,9 @@ class WorkflowSession:
     async def end(self, reason: TerminationReason = "end") -> None:
         """End the workflow: its private cache becomes retired (§4). Idempotent.
 
+        Waits only on a running KV manager (its mailbox's room); once the runtime's KV
+        manager has stopped, or was cancelled, the workflow ends at once.
+
         Raises:
             ValueError: ``reason`` is not one of ``end``, ``aborted``, ``error``,
                 ``recursion_limit``.
@@ -535,7 +538,9 @@ class WorkflowSession:
         self.reason = reason
         self.end_s = now_s()
         self.runtime._ended_session(self, reason)
-        with trio.CancelScope(shield=True):
+        # a stopped KV manager (the runtime shutting down, or cancelled) retires nothing
+        # more: the workflow ends without waiting on it
+        with trio.CancelScope(shield=True), contextlib.suppress(ActorStopped):
             await self.runtime._kv_manager.tell(
                 WorkflowTerminated(self.workflow_id, reason, self.end_s)
             )

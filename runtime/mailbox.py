@@ -146,17 +146,18 @@ class Mailbox:
         return iterator
 
     def take_pending(self) -> list[Any]:
-        """Close the mailbox for good and return what was still queued.
+        """Close the mailbox for good and return what was still queued. Idempotent.
 
         Returns:
-            The queued items, oldest first; they are counted as discarded.
+            The queued items, oldest first (none the second time); they are counted as
+            discarded.
         """
         self.close()
         pending: list[Any] = []
         while True:
             try:
                 pending.append(self._receive.receive_nowait())
-            except (trio.WouldBlock, trio.EndOfChannel):
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
         self._receive.close()
         self.discarded += len(pending)

@@ -204,7 +204,13 @@ class ActorSystem:
         )
 
     async def _supervise(self, entry: _Entry, *, task_status: TaskStatus) -> None:
-        """Run one actor under its supervisor until it stops, fails for good or is cancelled."""
+        """Run one actor under its supervisor until it stops, fails for good or is cancelled.
+
+        However it ends, its mailbox is closed: a cancelled actor's queued messages are
+        discarded (pending asks answered ``ActorStopped``) and later sends, including
+        ones blocked on a full mailbox, raise ``ActorStopped`` rather than wait for a
+        reader that is gone (a shutdown's shielded cleanup would otherwise hang).
+        """
         entry.task = trio.lowlevel.current_task()
         readiness = _Readiness(task_status)
         try:
@@ -212,6 +218,7 @@ class ActorSystem:
         finally:
             if entry.actor._counters.state is ActorState.RUNNING:
                 entry.actor._counters.state = ActorState.CANCELLED
+            entry.actor._reject_pending()  # nothing is left after a normal stop
             entry.done.set()
 
     async def _run_supervised(self, entry: _Entry, readiness: _Readiness) -> None:

@@ -1,5 +1,9 @@
 """Live workflow sessions (live/session.py) on the sim and the tiny torch engine."""
 
+import contextlib
+import threading
+import time
+
 import pytest
 import trio
 import trio.testing
@@ -211,3 +215,57 @@ async def test_agent_actors_stay_bounded_however_many_names_clients_use(autojump
         assert len(again.token_ids) == 2
         assert len([n for n in rt.system.names() if n.startswith("agent/")]) <= 3
         assert rt.statistics().calls_in_flight == 0 and rt.statistics().leases == 0
+
+
+def _within(timeout_s: float, scenario, *, clock=None):
+    """Run ``scenario`` in its own trio run on a daemon thread; fail if it does not end
+    within ``timeout_s`` real seconds (a hung shutdown would hang pytest-trio for ever)."""
+    outcome: list = []
+
+    def main() -> None:
+        try:
+            outcome.append(trio.run(scenario, clock=clock))
+        except BaseException as error:  # noqa: BLE001 (handed to the test below)
+            outcome.append(error)
+
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert outcome, f"did not finish within {timeout_s} s"
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+async def _shut_down_with_open_workflows(n: int, how: str) -> tuple[pbkv.Runtime, float]:
+    """Open ``n`` workflows and never end them; leave ``open_runtime`` by ``how``; return
+    the runtime and how long leaving took (trio's clock)."""
+    with trio.CancelScope() as outer, contextlib.suppress(KeyError):
+        async with pbkv.open_runtime(sim()) as rt:
+            for _ in range(n):
+                await rt.open_workflow()
+            left_s = trio.current_time()
+            if how == "cancelled":  # SIGTERM in pbkv serve: the whole runtime is cancelled
+                outer.cancel()
+                await trio.sleep(1)
+            elif how == "raised":
+                raise KeyError("app bug")
+    return rt, trio.current_time() - left_s
+
+
+@pytest.mark.parametrize("how", ["exited", "raised", "cancelled"])
+def test_shutdown_with_2000_open_workflows_ends_them_promptly_in_virtual_time(how):
+    """More open workflows than the KV manager's mailbox holds (1,024) never hang the
+    shutdown, however the block is left: each is ended ``aborted``."""
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    rt, took_s = _within(20, lambda: _shut_down_with_open_workflows(2000, how), clock=clock)
+    assert took_s < 1.0
+    assert rt.active_workflows() == ()
+    assert rt.statistics().ended_by_reason == {"aborted": 2000}
+
+
+def test_shutdown_with_2000_open_workflows_cancelled_ends_within_seconds_in_real_time():
+    started_s = time.perf_counter()
+    rt, _ = _within(20, lambda: _shut_down_with_open_workflows(2000, "cancelled"))
+    assert time.perf_counter() - started_s < 10.0
+    assert rt.statistics().ended_by_reason == {"aborted": 2000}

@@ -32,6 +32,8 @@ async def test_take_pending_discards_and_counts():
     box.try_put(Envelope("b"))
     assert [envelope.msg for envelope in box.take_pending()] == ["a", "b"]
     assert (box.discarded, box.depth, box.closed) == (2, 0, True)
+    assert box.take_pending() == []  # again: nothing left, nothing raised
+    assert box.discarded == 2
 
 
 def test_reply_unwraps_value_or_raises_error():

@@ -285,3 +285,23 @@ async def test_spawn_after_shutdown_is_refused():
         pass
     with pytest.raises(RuntimeError, match="shutting down"):
         await system.spawn(Recorder("late", []), name="late")
+
+
+async def test_a_cancelled_actor_refuses_sends_instead_of_leaving_them_blocked(autojump_clock):
+    """Cancelling the system from outside stops its actors without draining; a sender
+    (shielded, as a shutdown's cleanup is) is refused, not left blocked on a full mailbox."""
+    with trio.CancelScope() as outer:
+        async with open_actor_system() as system:
+            ref = await system.spawn(Recorder("a", [], mailbox_capacity=2), name="a")
+            await ref.tell(("sleep", 1.0))  # the actor is busy: the next two queue
+            await trio.testing.wait_all_tasks_blocked()
+            outer.cancel()
+            with trio.CancelScope(shield=True), trio.move_on_after(5.0) as waited:
+                with pytest.raises(ActorStopped):
+                    for i in range(3):  # one more than the mailbox holds
+                        await ref.tell(i)
+                with pytest.raises(ActorStopped):
+                    ref.try_tell("later")
+    assert not waited.cancelled_caught
+    assert trio.current_time() < 1.0  # nobody waited for the busy handler
+    assert system.statistics()["a"].state is ActorState.CANCELLED
