@@ -786,10 +786,11 @@ async def serve_app(
 ) -> list[WorkflowOutcome]:
     """Run ``app`` on every task through ``runtime``, ``concurrency`` at a time.
 
-    The graph is validated once, and the ids checked, before any workflow starts. A
-    workflow's calls wait while the runtime is at its admission limit
-    (``max_calls_in_flight``: the engine's batch plus its queue) rather than fail, so
-    any ``concurrency`` is served, a fan-out's branches included.
+    The graph is validated once, and the ids checked, before any workflow starts; the
+    runtime's online forecaster starts from the graph's declared edges
+    (:meth:`Runtime.warm_start`). A workflow's calls wait while the runtime is at its
+    admission limit (``max_calls_in_flight``: the engine's batch plus its queue) rather
+    than fail, so any ``concurrency`` is served, a fan-out's branches included.
 
     Args:
         runtime: a running :class:`~pbkv.live.session.Runtime`.
@@ -819,6 +820,7 @@ async def serve_app(
     if len(ids) != len(tasks):
         raise ValueError("workflow_ids must give one id per task")
     _check_ids(runtime, ids)
+    runtime.warm_start(app.name, app.agents, app.edges)
     starters = [
         functools.partial(_run_workflow, runtime, app, task, workflow_id=wf_id, seed=seed)
         for task, wf_id in zip(tasks, ids, strict=True)

@@ -14,12 +14,13 @@ torch.
 import importlib
 from typing import Any
 
-from pbkv.predictor.base import Forecaster, WorkflowState
+from pbkv.predictor.base import Forecast, Forecaster, WorkflowState
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.dataset import split_records
 from pbkv.predictor.evaluation import top1_accuracy
 from pbkv.predictor.markov import MarkovForecaster
 from pbkv.predictor.noise import NoiseForecaster
+from pbkv.predictor.online import OnlineAccuracy, OnlineMarkovForecaster
 from pbkv.predictor.oracle import OracleForecaster
 from pbkv.predictor.registry import DEFAULT_MARKOV_ORDER, forecaster_names, make_forecaster
 from pbkv.predictor.scoring import ForecastScores, score_forecaster
@@ -70,12 +71,15 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "ForecastScores",
+    "Forecast",
     "Forecaster",
     "GraphSageConfig",
     "GraphSageForecaster",
     "GraphSageModel",
     "MarkovForecaster",
     "NoiseForecaster",
+    "OnlineAccuracy",
+    "OnlineMarkovForecaster",
     "OracleForecaster",
     "SegmentCount",
     "TraceFileError",

@@ -1,5 +1,5 @@
-"""Forecasters by registry name (§6): ``graphsage``, ``markov``, ``markov-1..3``, ``oracle``,
-``uniform``.
+"""Forecasters by registry name (§6): ``graphsage``, ``markov``, ``markov-1..3``, ``online``,
+``oracle``, ``uniform``.
 
 ``graphsage`` needs torch and torch-geometric; they are imported only when it is built.
 """
@@ -14,6 +14,7 @@ from pbkv.predictor.base import Forecaster
 from pbkv.predictor.callgraph import CallGraph
 from pbkv.predictor.dataset import TextSource
 from pbkv.predictor.markov import MarkovForecaster
+from pbkv.predictor.online import OnlineMarkovForecaster
 from pbkv.predictor.oracle import OracleForecaster
 from pbkv.predictor.trace import TraceRecord
 from pbkv.predictor.uniform import UniformForecaster
@@ -51,6 +52,10 @@ def _markov(order: int) -> Callable[[ForecasterInputs], Forecaster]:
     return build
 
 
+def _online(inputs: ForecasterInputs) -> Forecaster:
+    return OnlineMarkovForecaster(horizon=inputs.horizon)  # type: ignore[return-value]
+
+
 def _oracle(inputs: ForecasterInputs) -> Forecaster:
     if inputs.workflows is None:
         raise ValueError("forecaster 'oracle' needs workflows=")
@@ -81,6 +86,7 @@ _FACTORIES: dict[str, Callable[[ForecasterInputs], Forecaster]] = {
     "markov-1": _markov(1),
     "markov-2": _markov(2),
     "markov-3": _markov(3),
+    "online": _online,
     "oracle": _oracle,
     "uniform": _uniform,
 }
@@ -109,7 +115,9 @@ def make_forecaster(
     Inputs a forecaster does not use are ignored, so callers may pass all of them.
 
     Args:
-        name: one of :func:`forecaster_names`; ``markov`` is ``markov-1``.
+        name: one of :func:`forecaster_names`; ``markov`` is ``markov-1``; ``online``
+            learns as it serves (its vocabulary is per app; warm-start it with
+            :meth:`~pbkv.predictor.online.OnlineMarkovForecaster.warm_start`).
         agents: the agent vocabulary, in column order.
         horizon: ``K``, steps forecast.
         traces: training traces (``markov*`` fit on them; empty leaves them untrained;

@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from pbkv.bench.compare import DEFAULT_SCHEDULERS, FLOOR_SPEC
+from pbkv.bench.compare import FLOOR_SPEC
+from pbkv.live.build import DEFAULT_SCHEDULERS
 
 # Published figures, cited for comparison (PBKV paper, arXiv 2605.06472).
 PAPER_LADDER_HIT = {"lru": 27.1, "lae": 44.9, "he": 66.0, "pbkv": 69.1}  # hover, Fig. ablation
@@ -29,7 +30,7 @@ def load(data: Path, name: str) -> dict | None:
 
 def label(row: dict) -> str:
     """Return the row's policy, with ``:scheduler`` when it is not the policy's default
-    (``pbkv.bench.compare.DEFAULT_SCHEDULERS``), so ``lru`` and ``lru:workflow`` differ."""
+    (``pbkv.live.build.DEFAULT_SCHEDULERS``), so ``lru`` and ``lru:workflow`` differ."""
     scheduler = row.get("scheduler")
     if scheduler is None or scheduler == DEFAULT_SCHEDULERS.get(row["policy"], "fcfs"):
         return row["policy"]

@@ -19,29 +19,34 @@ import trio
 import trio.testing
 
 from pbkv.actors.events import RAN_TO_END
-from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Workflow
 from pbkv.engines.sim.costmodel import CostModel
-from pbkv.engines.sim.engine import SimConfig, SimEngine
 from pbkv.engines.sim.floor import latency_floor
 from pbkv.engines.sim.profile import list_profiles, load_hardware, load_model
 from pbkv.kvmanager import (
     AccessLog,
     BaselineInputs,
     FutureStep,
-    KVConfig,
-    KVManager,
     KVStatistics,
     block_keys,
     ceiling_hits,
     get_policy,
     min_hits,
 )
-from pbkv.predictor import CallGraph, NoiseForecaster, make_forecaster
+from pbkv.live.build import (
+    NO_PREDICTOR,
+    ONLINE_PREDICTOR,
+    RuntimeConfig,
+    build_engine,
+    default_scheduler,
+    open_runtime,
+)
+from pbkv.live.chat import raw_format
+from pbkv.live.driver import serve_replays
+from pbkv.predictor import CallGraph, NoiseForecaster, OnlineMarkovForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.predictor.dataset import task_group
-from pbkv.runtime import seed_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +66,11 @@ class BenchConfig:
         host_kv_tokens: host tier capacity in tokens; ``None`` = 2 × the GPU tier
             (SGLang HiCache's default host-to-device ratio).
         seed: workload and scheduler seed.
-        predictor: forecaster name for score-based policies (``markov``, ``oracle``, …).
-        train_workflows: workflows (from another seed) the predictor is fitted on.
+        predictor: forecaster name for score-based policies: ``online`` (what
+            ``open_runtime`` and ``pbkv serve`` run: learns as the row runs, warm-started
+            from the app's edges), or a model fitted before the run (``markov``,
+            ``graphsage``, ``oracle``, …).
+        train_workflows: workflows (from another seed) a fitted predictor is fitted on.
         hardware / model: sim profiles.
         block_size: tokens per KV block.
         horizon / gamma: score horizon K and decay.
@@ -87,7 +95,7 @@ class BenchConfig:
     gpu_kv_tokens: int | None = None
     host_kv_tokens: int | None = None
     seed: int = 0
-    predictor: str = "markov"
+    predictor: str = ONLINE_PREDICTOR
     train_workflows: int = 300
     hardware: str = "a6000-tp2"
     model: str = "qwen3-32b"
@@ -221,6 +229,55 @@ def gpu_tokens_for(workload: Sequence[Workflow], concurrency: int) -> int:
     return max(int(0.5 * slots * float(np.median(per_workflow))), largest + 64)
 
 
+def runtime_config(
+    config: BenchConfig, policy: str, scheduler: str, gpu_kv_tokens: int
+) -> RuntimeConfig:
+    """Return the :class:`~pbkv.live.build.RuntimeConfig` of one bench row: the runtime
+    ``open_runtime(engine="sim", policy=...)`` builds, with the row's tiers and profiles."""
+    host_tokens = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu_kv_tokens
+    return RuntimeConfig(
+        engine="sim",
+        model=config.model,
+        hardware=config.hardware,
+        policy=policy,
+        scheduler=scheduler,
+        gpu_kv_tokens=gpu_kv_tokens,
+        host_kv_tokens=host_tokens,
+        block_size=config.block_size,
+        max_queued_requests=REPLAY_QUEUE,
+        check_integrity=config.check_integrity,
+        horizon=config.horizon,
+        gamma=config.gamma,
+        seed=config.seed,
+        predictor=ONLINE_PREDICTOR if config.predictor == ONLINE_PREDICTOR else NO_PREDICTOR,
+    )
+
+
+REPLAY_QUEUE = 1 << 30
+"""Calls a replay may queue: the bench's concurrency is its only admission limit."""
+
+
+def row_forecasters(
+    config: BenchConfig,
+    policy: str,
+    fitted: Sequence[Forecaster],
+    app: str,
+    app_agents: Sequence[str],
+    app_edges: Sequence[tuple[str, str]],
+) -> list[Forecaster]:
+    """Return one row's forecaster chain: ``fitted`` (a model fitted before the run), or
+    for ``online`` a fresh online forecaster warm-started from the app's declared edges,
+    as :func:`pbkv.live.serve_app` starts it (each row learns from its own run only)."""
+    if not get_policy(policy).uses_forecasts:
+        return []
+    if config.predictor != ONLINE_PREDICTOR:
+        return list(fitted)
+    online = OnlineMarkovForecaster(horizon=config.horizon)
+    if app_agents:
+        online.warm_start(app, app_agents, app_edges)
+    return [online]
+
+
 def run_policy(
     workload: Sequence[Workflow],
     config: BenchConfig,
@@ -229,58 +286,52 @@ def run_policy(
     *,
     gpu_kv_tokens: int,
     step_graph_edges: tuple[tuple[str, str], ...] = (),
+    app_agents: tuple[str, ...] = (),
     on_outcome: Callable[[WorkflowOutcome], None] | None = None,
     scheduler: str | None = None,
     access_log: AccessLog | None = None,
 ) -> PolicyResult:
     """Serve ``workload`` under ``policy`` in virtual time and summarise it.
 
+    The row runs the runtime an app embeds: :func:`~pbkv.live.build.open_runtime` over
+    :func:`~pbkv.live.build.build_engine` with the row's :func:`runtime_config`, the
+    workflows replayed through it (:func:`~pbkv.live.driver.serve_replays`).
     ``policy`` may name its scheduler (``lru:workflow``); otherwise ``scheduler``, then
     ``config.scheduler``, then the policy's default (:func:`resolve_spec`).
-    ``step_graph_edges`` is the app's call graph (needed by ``kvflow``); ``belady-est``
-    reads the workload's future block keys directly. With ``access_log`` the row also
-    carries MIN over its own access order and the ceiling.
+    ``forecasters`` is a fitted chain (``config.predictor`` other than ``online``);
+    ``step_graph_edges`` / ``app_agents`` are the app's call graph (``kvflow`` and the
+    online forecaster's warm start); ``belady-est`` reads the workload's future block
+    keys directly. With ``access_log`` the row also carries MIN over its own access order
+    and the ceiling.
     """
     policy, scheduler = resolve_spec(policy, scheduler or config.scheduler)
-    cost = CostModel(load_hardware(config.hardware), load_model(config.model))
     bs = config.block_size
+    row = runtime_config(config, policy, scheduler, gpu_kv_tokens)
     gpu_blocks = gpu_kv_tokens // bs
-    host_tokens = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu_kv_tokens
-    kv_config = KVConfig(
-        block_size=bs,
-        gpu_capacity_blocks=gpu_blocks,
-        host_capacity_blocks=host_tokens // bs,
-        bytes_per_block=cost.kv_bytes_per_token * bs,
-        policy=policy,
-        horizon=config.horizon,
-        gamma=config.gamma,
-        bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
-    )
-    uses_forecasts = get_policy(policy).uses_forecasts
+    host_blocks = (row.host_kv_tokens or 0) // bs
     baseline = baseline_inputs(workload, config, policy, step_graph_edges)
+    app = workload[0].app if workload else config.app
+    chain = row_forecasters(config, policy, forecasters, app, app_agents, step_graph_edges)
     timeline: list[tuple[float, float]] = []
     kv_stats: KVStatistics | None = None
     retractions = 0
 
     async def main() -> list[WorkflowOutcome]:
-        kv = KVManager(kv_config, trio.current_time, baseline, access_log=access_log)
-        sim_config = SimConfig(check_integrity=config.check_integrity)
-        engine = SimEngine(kv, cost, sim_config, scheduler=scheduler)
-        outcomes = await serve_workflows(
-            workload,
-            engine=engine,
-            kv=kv,
-            forecasters=forecasters if uses_forecasts else (),
-            concurrency=config.concurrency,
-            on_outcome=on_outcome,
-            open_loop=config.open_loop,
-        )
+        built = build_engine(row, baseline=baseline, access_log=access_log)
+        built = dataclasses.replace(built, chat=raw_format(), model_name="replay")
+        async with open_runtime(row, forecasters=chain, built=built) as runtime:
+            outcomes = await serve_replays(
+                runtime,
+                workload,
+                concurrency=config.concurrency,
+                open_loop=config.open_loop,
+                on_outcome=on_outcome,
+            )
         nonlocal kv_stats, retractions
-        kv_stats = kv.statistics()
-        retractions = engine.statistics().retractions
+        kv_stats = built.kv.statistics()
+        retractions = built.engine.statistics().retractions
         return outcomes
 
-    seed_scheduler(config.seed)
     started, started_cpu = time.perf_counter(), time.process_time()
     outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     wall_s = time.perf_counter() - started
@@ -303,15 +354,8 @@ def run_policy(
         result,
         ceiling_hit_rate=access_log.hit_rate(ceiling_hits(access_log)),
         min_gpu_hit_rate=access_log.hit_rate(min_hits(access_log, gpu_blocks)),
-        min_total_hit_rate=access_log.hit_rate(
-            min_hits(access_log, gpu_blocks + host_tokens // bs)
-        ),
+        min_total_hit_rate=access_log.hit_rate(min_hits(access_log, gpu_blocks + host_blocks)),
     )
-
-
-DEFAULT_SCHEDULERS: dict[str, str] = {"pbkv": "workflow", "pbkv-aggressive": "workflow"}
-"""Each policy's scheduler when none is named; every other policy runs ``fcfs`` (what
-SGLang users get), so eviction and admission gains are measured apart."""
 
 
 FLOOR_SPEC = "lru:fcfs-balanced"
@@ -331,8 +375,7 @@ def resolve_spec(spec: str, scheduler: str | None = None) -> tuple[str, str]:
     from pbkv.engines.scheduler import get_scheduler
 
     name, _, named = spec.partition(":")
-    get_policy(name)
-    chosen = named or scheduler or DEFAULT_SCHEDULERS.get(name, "fcfs")
+    chosen = named or scheduler or default_scheduler(name)
     get_scheduler(chosen)
     return name, chosen
 
@@ -529,6 +572,11 @@ def run_bench(
 
     for spec in config.policies:
         resolve_spec(spec, config.scheduler)
+    if config.predictor == ONLINE_PREDICTOR and config.noise > 0:
+        raise ValueError(
+            "noise wraps a fitted predictor's forecasts; pass --predictor markov (or "
+            "another fitted one) with --noise"
+        )
     app = get_app(config.app)
     if getattr(app, "open_loop", False):  # a trace with arrival times (mooncake)
         config = dataclasses.replace(config, open_loop=True)
@@ -541,7 +589,7 @@ def run_bench(
             config.app,
         )
     forecasters: list[Forecaster] = []
-    if any(
+    if config.predictor != ONLINE_PREDICTOR and any(
         get_policy(resolve_spec(spec, config.scheduler)[0]).uses_forecasts
         for spec in config.policies
     ):
@@ -562,6 +610,7 @@ def run_bench(
                 forecasters,
                 gpu_kv_tokens=gpu_tokens,
                 step_graph_edges=tuple(app.edges),
+                app_agents=tuple(app.agents),
                 on_outcome=callback,
                 access_log=AccessLog(config.block_size) if bounds else None,
             )

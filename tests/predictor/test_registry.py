@@ -20,6 +20,7 @@ def test_names_are_listed():
         "markov-1",
         "markov-2",
         "markov-3",
+        "online",
         "oracle",
         "uniform",
     )
@@ -29,7 +30,7 @@ def test_unknown_name_lists_the_registry():
     with pytest.raises(
         ValueError,
         match="unknown forecaster 'lstm'; known forecasters: graphsage, markov, markov-1, "
-        "markov-2, markov-3, oracle, uniform",
+        "markov-2, markov-3, online, oracle, uniform",
     ):
         make_forecaster("lstm", agents=["A"], horizon=1)
 
