@@ -11,6 +11,7 @@ and releases its cache leases. Streams are written as server-sent events by hand
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
@@ -23,7 +24,7 @@ import msgspec
 import trio
 
 from pbkv.server.errors import APIError, decode_body
-from pbkv.server.hints import Hints, key_tenant, resolve_hints
+from pbkv.server.hints import Hints, bearer_key, key_tenant, resolve_hints
 from pbkv.server.schemas import (
     CHAT_DECODER,
     COMPLETION_DECODER,
@@ -60,6 +61,22 @@ _SSE_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 _ROLES = {"developer": "system"}  # OpenAI's newer name for system messages
+_OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered without an API key
+
+
+def _content_length(scope: Scope) -> int:
+    """Return the body length the request declares (0 when it declares none)."""
+    for name, value in scope["headers"]:
+        if name.lower() == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def routed_path(path: str) -> str:
+    """Return the path a request is routed by: ``path`` (percent-decoded, as ASGI's
+    ``scope["path"]`` is) without trailing slashes, so ``/stats/`` and ``/stats//`` are
+    ``/stats``. Authentication decides on this path too (one decision, no bypass)."""
+    return path.rstrip("/") or "/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +95,15 @@ class ServerConfig:
         retry_after_s: the ``Retry-After`` of a 429/503 answer.
         served_model_name: the model name clients send (default: the runtime's).
         graceful_timeout_s: how long requests in flight may finish at shutdown.
+        admin_key: the API key whose ``GET /stats`` lists every tenant's workflows (any
+            other key's lists its own tenant's; without keys, the default tenant's).
+        body_timeout_s: a request body not received whole within this long is refused
+            (408), so a client stalled mid-body does not keep its request for ever.
+        max_sessions_per_tenant: open hinted workflows of one tenant at most (see
+            :class:`SessionRegistry`).
+        fault_injection: for fault tests only: a request with the header
+            ``X-PBKV-Inject-Fault: until`` gets a stop callback that raises at its first
+            token (the engine's handling of a failing callback is what is tested).
     """
 
     host: str = "127.0.0.1"
@@ -90,13 +116,29 @@ class ServerConfig:
     retry_after_s: int = 1
     served_model_name: str | None = None
     graceful_timeout_s: float = 5.0
+    admin_key: str | None = None
+    body_timeout_s: float = 30.0
+    max_sessions_per_tenant: int = 1024
+    fault_injection: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("idle_timeout_s", "default_max_tokens", "max_body_bytes", "max_sessions"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in (
+            "idle_timeout_s",
+            "default_max_tokens",
+            "max_body_bytes",
+            "max_sessions",
+            "max_sessions_per_tenant",
+            "body_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # NaN fails both
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not (self.graceful_timeout_s >= 0 and math.isfinite(self.graceful_timeout_s)):
+            raise ValueError(f"graceful_timeout_s must be >= 0, got {self.graceful_timeout_s}")
+        if self.admin_key is not None and not self.admin_key:
+            raise ValueError("admin_key must not be empty")
         for key, tenant in (self.api_keys or {}).items():
             if not key or not tenant or "/" in tenant:
                 raise ValueError(
@@ -328,7 +370,11 @@ class OpenAIApp:
                 await trio.sleep(0.01)
 
     def _route(self, method: str, path: str) -> tuple[str, Callable[..., Awaitable[None]]]:
-        path = path.rstrip("/") or "/"
+        """Return the route template and handler of ``path`` (already :func:`routed_path`).
+
+        Raises:
+            APIError: 405 for a known path and another method; 404 for an unknown path.
+        """
         handler = self._routes.get((method, path))
         if handler is not None:
             return path, handler
@@ -348,9 +394,7 @@ class OpenAIApp:
             with request_scope:
                 async with trio.open_nursery() as nursery:
                     try:
-                        self._authenticate(scope)
-                        route, handler = self._route(scope["method"], scope["path"])
-                        body = await self._read_body(receive)
+                        route, handler, body = await self._accept(scope, receive)
                         nursery.start_soon(
                             self._watch_disconnect, receive, request_scope, responder
                         )
@@ -371,33 +415,108 @@ class OpenAIApp:
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
 
-    def _authenticate(self, scope: Scope) -> None:
+    async def _accept(
+        self, scope: Scope, receive: Receive
+    ) -> tuple[str, Callable[..., Awaitable[None]], bytes]:
+        """Authenticate and route a request, then read its body.
+
+        A request refused before its body is read (401, 404, 405, or 413 by its
+        ``content-length``) has the body read and dropped first, up to
+        :attr:`_drained_bytes` and within ``body_timeout_s``: a client still sending then
+        reads the refusal, and over HTTP/2 its connection stays usable (an answer sent
+        before the body ends leaves DATA frames for a closed stream).
+
+        Returns:
+            The route template, its handler and the body.
+
+        Raises:
+            APIError: the refusal; 413 for a body over ``max_body_bytes``; 408 for one
+                not received within ``body_timeout_s``.
+            _Disconnected: the client went away first.
+        """
+        refusal: APIError | None = None
+        declared = _content_length(scope)
+        try:
+            path = routed_path(scope["path"])
+            self._authenticate(scope, path)
+            route, handler = self._route(scope["method"], path)
+            if declared > self._config.max_body_bytes:
+                raise self._too_large()
+        except APIError as exc:
+            refusal = exc
+        if refusal is None:
+            return route, handler, await self._read_body(receive)
+        if declared <= self._drained_bytes:
+            with contextlib.suppress(APIError):  # too long or too slow: refused as it is
+                await self._read_body(receive, keep=False)
+        raise refusal
+
+    def _authenticate(self, scope: Scope, path: str) -> None:
         """Refuse a request without a known API key, when keys are configured, before
-        anything else is looked at: ``/v1`` routes and ``/stats`` (it lists every
-        tenant's workflows) need one; the tenant is read later, by :meth:`_hints`.
-        ``/health`` and ``/metrics`` stay open, as in vLLM, for probes and scrapers.
+        anything else is looked at. One decision on the routed path ``path``
+        (:func:`routed_path`): ``/health`` and ``/metrics`` stay open, as in vLLM, for
+        probes and scrapers; every other path, unknown ones included, needs a key.
+        ``/stats`` also takes the admin key. The tenant is read later, by :meth:`_hints`.
 
         Raises:
             APIError: 401 for a missing or unknown key; 400 for a header not in UTF-8.
         """
-        path = scope["path"]
-        if self._config.api_keys is not None and (path.startswith("/v1") or path == "/stats"):
-            key_tenant(_headers(scope), self._config.api_keys)
+        if path in _OPEN_PATHS:
+            return
+        headers = _headers(scope)
+        if path == "/stats" and self._is_admin(headers):
+            return
+        if self._config.api_keys is not None:
+            key_tenant(headers, self._config.api_keys)
 
-    async def _read_body(self, receive: Receive) -> bytes:
+    def _is_admin(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request's key is the admin key."""
+        admin, key = self._config.admin_key, bearer_key(headers)
+        return admin is not None and key is not None and secrets.compare_digest(key, admin)
+
+    @property
+    def _drained_bytes(self) -> int:
+        """How much of a refused request's body is read and dropped before the refusal:
+        twice ``max_body_bytes``, at least 16 MiB (a larger body's refusal is sent as it
+        arrives; over HTTP/2 its connection is then closed)."""
+        return max(2 * self._config.max_body_bytes, 16 * 2**20)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413, f"the body exceeds {self._config.max_body_bytes} bytes", code="body_too_large"
+        )
+
+    async def _read_body(self, receive: Receive, *, keep: bool = True) -> bytes:
+        """Read the request body (``keep=False``: read and drop it; return ``b""``).
+
+        Raises:
+            APIError: 413 once it passes ``max_body_bytes`` (read on, and dropped, up to
+                :attr:`_drained_bytes`); 408 when it is not whole within ``body_timeout_s``.
+            _Disconnected: the client went away.
+        """
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self._config.max_body_bytes:
-                raise APIError(413, f"the body exceeds {self._config.max_body_bytes} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        limit = self._config.max_body_bytes
+        with trio.move_on_after(self._config.body_timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self._drained_bytes:
+                    raise self._too_large()
+                if keep and size <= limit:
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    if size > limit:
+                        raise self._too_large()
+                    return b"".join(chunks)
+        raise APIError(
+            408,
+            f"the request body was not received within {self._config.body_timeout_s} s",
+            code="body_timeout",
+        )
 
     @staticmethod
     async def _watch_disconnect(

@@ -4,14 +4,20 @@
 ``task_status`` with the bound address, so ``await nursery.start(run_server, ...)`` returns
 once the socket listens (port 0 → the port the OS picked). :func:`serve` opens the runtime
 first; :func:`open_server` is the context-manager form that tests and benchmarks use.
-Uses ``hypercorn.trio.serve(app, config, shutdown_trigger=..., task_status=...)``.
+
+Connections are hypercorn's (``hypercorn.trio.tcp_server.TCPServer``, HTTP/1.1 and
+HTTP/2), accepted here rather than by ``hypercorn.trio.serve`` so that each runs
+contained: ``hypercorn.trio.run.worker_serve`` runs every connection in one nursery, where
+one connection's protocol error ends the server (hypercorn's h2 handler raises
+``KeyError`` on DATA for a stream it has already answered, and so ends every request in
+flight). Here such an error is logged and closes that connection alone.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -57,6 +63,65 @@ def _hypercorn_config(config: ServerConfig) -> Any:
     return hc
 
 
+async def _contained(serve_one: Callable[[Any], Awaitable[None]], stream: Any) -> None:
+    """Serve one connection; an error of its own closes it and goes no further.
+
+    Logged with the peer's address. Cancellation (shutdown) passes through.
+    """
+    try:
+        peer = stream.socket.getpeername()
+    except (AttributeError, OSError):
+        peer = "?"
+    try:
+        await serve_one(stream)
+    except Exception:
+        log.exception("connection from %s failed; it is closed, the server goes on", peer)
+        await trio.aclose_forcefully(stream)
+
+
+async def _serve_http(
+    app: OpenAIApp, hc: Any, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Accept connections on ``hc.bind`` and serve ``app`` over each, contained.
+
+    What ``hypercorn.trio.serve`` does for plain-HTTP binds (hypercorn/trio/run.py:
+    ``worker_serve``), less TLS, QUIC and the lifespan protocol (the app keeps no
+    lifespan state), with each connection run by :func:`_contained`.
+
+    Args:
+        app: the ASGI app.
+        hc: a ``hypercorn.config.Config`` (:func:`_hypercorn_config`).
+        task_status: receives the bound URLs (``http://HOST:PORT``) once they listen.
+
+    Raises:
+        OSError: an address cannot be bound.
+    """
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.typing import ConnectionState
+    from hypercorn.utils import repr_socket_addr, wrap_app
+
+    wrapped = wrap_app(app, hc.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+    listeners, binds = [], []
+    for sock in hc.create_sockets().insecure_sockets:
+        sock.listen(hc.backlog)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+        binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+
+    async def serve_one(stream: Any) -> None:
+        await TCPServer(wrapped, hc, context, ConnectionState({}), stream)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started(binds)
+            await trio.serve_listeners(
+                functools.partial(_contained, serve_one), listeners, handler_nursery=nursery
+            )
+    finally:
+        await context.terminated.set()
+
+
 async def run_server(
     runtime: Any,
     config: ServerConfig,
@@ -73,17 +138,14 @@ async def run_server(
     Raises:
         OSError: the address cannot be bound.
     """
-    import hypercorn.trio
-
     sessions = SessionRegistry(
         runtime, idle_timeout_s=config.idle_timeout_s, max_sessions=config.max_sessions
     )
     app = OpenAIApp(runtime, sessions, config)
     async with trio.open_nursery() as nursery:
         await nursery.start(sessions.run)
-        serve = functools.partial(hypercorn.trio.serve, app, _hypercorn_config(config), mode="asgi")
         try:
-            binds = await nursery.start(serve)
+            binds = await nursery.start(_serve_http, app, _hypercorn_config(config))
             parts = urlsplit(binds[0])
             address = ServerAddress(binds[0], parts.hostname or config.host, parts.port or 0)
             log.info("serving %s on %s", app.model, address.url)

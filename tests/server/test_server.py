@@ -615,3 +615,15 @@ async def test_a_hint_with_control_characters_is_refused_before_anything_runs(se
     )
     assert reply.headers["x-pbkv-workflow-id"] == "lead"  # stored as echoed: spaces dropped
     assert [w.workflow_id for w in served.server.sessions.records()] == ["lead"]
+
+
+async def test_one_auth_decision_on_the_routed_path_trailing_slashes_and_escapes_too():
+    config = ServerConfig(port=0, api_keys={"key-a": "acme"})
+    async with serving(config, engine="sim") as served:
+        spelled = ["/stats", "/stats/", "/stats//", "/%73tats/", "/v1/models/", "/nothing"]
+        keyless = [await served.http("GET", path) for path in spelled]
+        keyed = await served.http("GET", "/%73tats/", headers={"Authorization": "Bearer key-a"})
+        health = await served.http("GET", "/health/")
+    assert [r.status_code for r in keyless] == [401] * len(spelled)
+    assert "workflows" not in keyless[3].text
+    assert (keyed.status_code, health.status_code) == (200, 200)
