@@ -120,7 +120,9 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--predictor",
         default=d.predictor,
-        help="forecaster for he/pbkv: markov, markov-1..3, graphsage, oracle, uniform",
+        help="forecaster for he/pbkv: online (default: learns as the row runs, what "
+        "open_runtime and pbkv serve run), or fitted before the run on --train-workflows: "
+        "markov, markov-1..3, graphsage, oracle, uniform",
     )
     p.add_argument(
         "--checkpoint",

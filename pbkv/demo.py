@@ -12,8 +12,9 @@ fp tolerance (the paths table shows it if it does).
 The GPU KV tier is sized from a dry run of the app on its simulated replies (upper
 bounds of each call's length): :func:`pbkv.bench.compare.gpu_tokens_for` of that
 workload, about half of the concurrent working set, so the policies evict differently.
-pbkv's predictor is markov-1 fitted on traces of dry runs of other tasks (what the app's
-author expects; never the tasks served).
+Each policy runs with the runtime's defaults (:func:`pbkv.open_runtime`): ``pbkv`` with
+the ``workflow`` scheduler and the online forecaster, warm-started from the app's edges
+and learning as the demo's workflows end; ``lru`` with ``fcfs``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from pbkv.live import LiveTask, RuntimeConfig, build_engine, open_runtime, serve
 from pbkv.live.chat import ChatFormat, smollm2_chat
 from pbkv.live.driver import simulate_workflow
 from pbkv.live.graph import App
-from pbkv.predictor import make_forecaster
-from pbkv.predictor.base import Forecaster
 from pbkv.runtime import EventSink
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "run_demo",
 ]
 
-PREDICTOR = "markov"
 REPORT_TOKENS = REPORT_CHARS
 """Bound on a test report's tokens (a token holds at least one character)."""
 
@@ -70,7 +68,6 @@ class DemoConfig:
         block_size: tokens per KV block.
         max_retries: Analyzer → Coder retries before ``recursion_limit``.
         plan_tokens / code_tokens / analysis_tokens: the agents' decode budgets.
-        train_workflows: dry runs the predictor is fitted on.
         device: torch device (default: CUDA when available).
         seed: seeds the dry runs' simulated verdicts.
     """
@@ -86,7 +83,6 @@ class DemoConfig:
     plan_tokens: int = 32
     code_tokens: int = 64
     analysis_tokens: int = 32
-    train_workflows: int = 100
     device: str | None = None
     seed: int = 0
 
@@ -95,7 +91,7 @@ class DemoConfig:
             get_policy(name)
         if not self.policies:
             raise ValueError("policies must name at least one policy")
-        for name in ("workflows", "concurrency", "block_size", "train_workflows"):
+        for name in ("workflows", "concurrency", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.host_ratio < 0:
@@ -186,11 +182,9 @@ def run_demo(
     gpu_tokens = cfg.gpu_kv_tokens or _gpu_tokens(cfg, chat, tasks)
     host_tokens = int(cfg.host_ratio * gpu_tokens) // cfg.block_size * cfg.block_size
     runtime = replace(runtime, gpu_kv_tokens=gpu_tokens, host_kv_tokens=host_tokens)
-    forecaster = _forecaster(cfg, chat)
     _warm_up(lm)
     runs = []
     for policy in cfg.policies:
-        uses = get_policy(policy).uses_forecasts
         callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
         runs.append(
             _run_policy(
@@ -198,7 +192,6 @@ def run_demo(
                 lm,
                 cfg,
                 tasks,
-                [forecaster] if uses else [],
                 callback,
                 trace_sink,
             )
@@ -241,23 +234,11 @@ def _gpu_tokens(cfg: DemoConfig, chat: ChatFormat, tasks: list[LiveTask]) -> int
     return math.ceil(tokens / cfg.block_size) * cfg.block_size
 
 
-def _forecaster(cfg: DemoConfig, chat: ChatFormat) -> Forecaster:
-    """markov-1 fitted on dry runs of tasks other than the served ones."""
-    app = _app(cfg)
-    train = live_codegen_tasks(cfg.train_workflows, offset=cfg.workflows)
-    traces = [
-        simulate_workflow(app, t, chat, workflow_id=f"train-{i}", seed=cfg.seed + 10_000).to_trace()
-        for i, t in enumerate(train)
-    ]
-    return make_forecaster(PREDICTOR, agents=app.agents, horizon=3, traces=traces)
-
-
 def _run_policy(
     runtime: RuntimeConfig,
     model: Any,
     cfg: DemoConfig,
     tasks: list[LiveTask],
-    forecasters: list[Forecaster],
     on_outcome: Callable[[WorkflowOutcome], None] | None,
     trace_sink: EventSink | None,
 ) -> DemoRun:
@@ -267,9 +248,7 @@ def _run_policy(
     captured: list[KVStatistics] = []
 
     async def main() -> list[WorkflowOutcome]:
-        async with open_runtime(
-            runtime, built=built, forecasters=forecasters, recorder=trace_sink
-        ) as rt:
+        async with open_runtime(runtime, built=built, recorder=trace_sink) as rt:
             outcomes = await serve_app(
                 rt, app, tasks, concurrency=cfg.concurrency, on_outcome=on_outcome
             )
@@ -285,8 +264,16 @@ def _run_policy(
         for o in sorted(outcomes, key=lambda o: o.end_s)
         for r in o.results
     ]
-    bench = BenchConfig(app=app.name, policies=(runtime.policy,), predictor=PREDICTOR)
-    result = summarise_outcomes(runtime.policy, bench, outcomes, captured[0], wall_s, timeline)
+    bench = BenchConfig(app=app.name, policies=(runtime.policy,))
+    result = summarise_outcomes(
+        runtime.policy,
+        bench,
+        outcomes,
+        captured[0],
+        wall_s,
+        timeline,
+        scheduler=runtime.resolved_scheduler,
+    )
     by_id = {f"{app.name}-{i}": t.task_id for i, t in enumerate(tasks)}
     paths = tuple(
         _path(by_id[o.workflow_id], o, reports.get(o.workflow_id, []))
