@@ -15,8 +15,9 @@ from .driver import (
     serve_replays,
     simulate_workflow,
 )
-from .graph import END, START, App, LiveTask, State, ToolResult, Turn
+from .graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult, Turn
 from .session import (
+    CallFailed,
     Delta,
     Overloaded,
     Reply,
@@ -33,6 +34,7 @@ __all__ = [
     "START",
     "App",
     "BuiltEngine",
+    "CallFailed",
     "ChatFormat",
     "Delta",
     "LiveTask",
@@ -46,6 +48,7 @@ __all__ = [
     "RuntimeStatistics",
     "Simulated",
     "State",
+    "TokenPrompt",
     "ToolResult",
     "Turn",
     "WorkflowEnded",
