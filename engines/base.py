@@ -69,11 +69,12 @@ class GenerateRequest:
             preamble + role prompt; KVFlow protects these).
         sampling: how real engines pick tokens (greedy by default).
         on_token: called in the event loop with each output token id as it is
-            produced (streaming); must not block or raise. Returning ``True`` ends the
-            request after that token (a stop sequence completed): owned-cache engines
-            finish it at the end of the step like a normal finish, and its result holds
-            the tokens up to and including that one. Engines that cannot end early
-            (``trtllm``) ignore the return value.
+            produced (streaming); must not block. Returning ``True`` ends the request
+            after that token (a stop sequence completed): owned-cache engines finish it
+            at the end of the step like a normal finish, and its result holds the tokens
+            up to and including that one. Engines that cannot end early (``trtllm``)
+            ignore the return value. One that raises ends its request there too, which
+            then fails with :class:`CallbackFailed` (owned-cache engines).
     """
 
     request_id: str
@@ -152,6 +153,16 @@ class EngineError(RuntimeError):
     """
 
     retryable = True
+
+
+class CallbackFailed(EngineError):
+    """A request's ``on_token`` callback raised; the request ended at that token and
+    its cache was kept as at a normal end. ``__cause__`` is the callback's exception.
+
+    Only that request fails: the engine's other requests run on. Retrying cannot help.
+    """
+
+    retryable = False
 
 
 class RequestTooLarge(EngineError):

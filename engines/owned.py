@@ -14,7 +14,13 @@ from typing import Generic, TypeVar
 import numpy as np
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult, RequestTooLarge
+from pbkv.engines.base import (
+    CallbackFailed,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    RequestTooLarge,
+)
 from pbkv.engines.scheduler import Scheduler, get_scheduler
 from pbkv.kvmanager import Admission, KVManager, block_keys
 from pbkv.runtime.clock import now_s
@@ -38,6 +44,7 @@ class Queued:
         origin: the caller's request once ``request`` resumes it (prompt + ``carried``).
         carried: output tokens generated before the last retraction, in order.
         first_admission: the first admission (what the result reports as cached).
+        callback_error: what ``request.on_token`` raised (the request ended there).
     """
 
     request: GenerateRequest
@@ -54,6 +61,7 @@ class Queued:
     origin: GenerateRequest | None = None
     carried: tuple[int, ...] = ()
     first_admission: Admission | None = None
+    callback_error: Exception | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -156,6 +164,7 @@ class OwnedCacheEngine(Generic[E]):
         Raises:
             ValueError: an invalid request (see :meth:`_validate`).
             RequestTooLarge: the request can never fit in the GPU tier (at once).
+            CallbackFailed: ``request.on_token`` raised (this request alone fails).
             EngineError: the engine failed.
         """
         self._validate(request)
@@ -173,6 +182,11 @@ class OwnedCacheEngine(Generic[E]):
             raise
         if entry.error is not None:
             raise entry.error
+        if entry.callback_error is not None:
+            raise CallbackFailed(
+                f"request {request.request_id}: on_token raised "
+                f"{type(entry.callback_error).__name__}: {entry.callback_error}"
+            ) from entry.callback_error
         assert entry.result is not None
         return entry.result
 
@@ -328,16 +342,21 @@ class OwnedCacheEngine(Generic[E]):
         Called in the event loop (never from a worker thread) after each step.
 
         Returns:
-            whether the callback asked to end the request; then ``entry.streamed`` is
-            the number of tokens of ``output`` to keep (the one it ended on included)
-            and the later ones are not handed over.
+            whether the callback asked to end the request, or raised (kept in
+            ``entry.callback_error``: the request alone fails, not the step); then
+            ``entry.streamed`` is the number of tokens of ``output`` to keep (the one it
+            ended on included) and the later ones are not handed over.
         """
         callback = entry.request.on_token
         if callback is None:
             return False
         for token in output[entry.streamed :]:
             entry.streamed += 1
-            if callback(token):
+            try:
+                if callback(token):
+                    return True
+            except Exception as error:
+                entry.callback_error = error
                 return True
         return False
 

@@ -222,9 +222,7 @@ class Runtime:
         self._history_limit = history_limit
         self.calls_in_flight = 0
 
-    def warm_start(
-        self, app: str, agents: Sequence[str], edges: Sequence[tuple[str, str]]
-    ) -> None:
+    def warm_start(self, app: str, agents: Sequence[str], edges: Sequence[tuple[str, str]]) -> None:
         """Give the online forecasters ``app``'s declared call graph to start from.
 
         A no-op without an online forecaster (a fixed chain, or no predictor).
@@ -440,16 +438,18 @@ class WorkflowSession:
             step: the step this call repeats (a retry after :class:`CallFailed`, whose
                 ``step`` it is); default the workflow's next step.
             until: called with each output token id as the engine produces it (in the
-                engine's step loop: it must not block or raise); returning ``True`` ends
-                the reply after that token, so a stop sequence ends decoding where it
-                completes (``pbkv serve``'s ``stop``). Engines that cannot end a request
-                early (``trtllm``) never call it.
+                engine's step loop: it must not block); returning ``True`` ends the reply
+                after that token, so a stop sequence ends decoding where it completes
+                (``pbkv serve``'s ``stop``). An exception it raises ends the reply there
+                too and is raised by this call; other calls run on. Engines that cannot
+                end a request early (``trtllm``) never call it.
 
         Raises:
             ValueError / TypeError: bad arguments; ``PromptTooLong`` past the context.
             WorkflowEnded: the session has ended.
             Overloaded: too many calls in flight in the runtime.
             CallFailed: the engine failed the request (an ``EngineError``).
+            Exception: what ``until`` raised (this call alone fails).
         """
         async with self.stream(
             agent,
@@ -636,6 +636,7 @@ class ReplyStream:
         self._finished = False
         self._text = ""
         self._text_ended = False
+        self._until_error: Exception | None = None
 
     async def __aenter__(self) -> ReplyStream:
         rt = self.session.runtime
@@ -746,18 +747,30 @@ class ReplyStream:
         )
 
     def _on_token(self, token: int) -> bool:
-        """Forward a streamed token; one the engine emits after the caller left is dropped
-        (the engine calls this in its step loop: raising here would fail the engine).
-        Return whether ``until`` ends the reply at this token."""
+        """Forward a streamed token; one the engine emits after the caller left is dropped.
+        Return whether ``until`` ends the reply at this token.
+
+        The engine calls this in its step loop, where raising would fail every request
+        it runs: an exception ``until`` raises ends this reply at this token instead,
+        and :meth:`_done` raises it to this call's caller alone.
+        """
         if self.streaming:
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 self._tokens.send_nowait(token)
-        return self.until is not None and self.until(token)
+        if self.until is None:
+            return False
+        try:
+            return bool(self.until(token))
+        except Exception as error:
+            self._until_error = error
+            return True
 
     async def _done(self, done: InvocationDone) -> None:
         self._finished = True
         session, rt = self.session, self.session.runtime
         rt.calls_in_flight -= 1
+        if self._until_error is not None:
+            raise self._until_error
         if done.error is not None:
             raise CallFailed(
                 f"{self.agent} (step {self.step}): {done.error}",

@@ -16,6 +16,7 @@ from pbkv.actors.events import (
     WorkflowStarted,
     WorkflowTerminated,
 )
+from pbkv.engines.base import GenerateRequest
 from pbkv.runtime import EventRecorder, read_events
 
 SYSTEM = {"role": "system", "content": "You are one agent of a team. " * 12}
@@ -269,3 +270,72 @@ def test_shutdown_with_2000_open_workflows_cancelled_ends_within_seconds_in_real
     rt, _ = _within(20, lambda: _shut_down_with_open_workflows(2000, "cancelled"))
     assert time.perf_counter() - started_s < 10.0
     assert rt.statistics().ended_by_reason == {"aborted": 2000}
+
+
+async def test_an_until_that_raises_fails_its_own_call_alone(autojump_clock):
+    """Four faulty ``until`` callbacks among 20 calls in flight: each fails its own call
+    with its own error; the engine never stops (its restart budget is three in 60 s)."""
+
+    def faulty(token: int) -> bool:
+        raise ZeroDivisionError(f"stop check failed at token {token}")
+
+    replies: list[pbkv.Reply] = []
+    faults: list[BaseException] = []
+    async with pbkv.open_runtime(sim(max_batch_size=32)) as rt:
+
+        async def one(i: int, until) -> None:
+            try:
+                async with rt.workflow() as wf:
+                    replies.append(await wf.call(f"a{i % 3}", chat(f"task {i}"), until=until))
+            except ZeroDivisionError as error:
+                faults.append(error)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(24):
+                    until = faulty if i % 6 == 5 else (lambda t: False) if i % 2 else None
+                    nursery.start_soon(one, i, until)
+        stats = rt.statistics()
+        assert rt.system.statistics()["engine"].restarts == 0
+        async with rt.workflow() as wf:  # the runtime still serves
+            assert len((await wf.call("a0", chat("after"), max_new_tokens=4)).token_ids) == 4
+    assert len(faults) == 4 and all("stop check failed" in str(e) for e in faults)
+    assert sorted(len(r.token_ids) for r in replies) == [256] * 20
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
+    assert stats.ended_by_reason == {"end": 20, "aborted": 4}
+
+
+async def test_a_fault_in_the_agent_actor_fails_that_call_alone(autojump_clock, monkeypatch):
+    """A fault while the agent actor handles one call (here: building its engine request)
+    answers that call with the error; the agent's seven other calls in flight complete."""
+    import pbkv.actors.agent as agent_module
+
+    def faulty_request(**fields):
+        if fields["workflow_id"] == "w3":
+            raise RuntimeError("injected fault")
+        return GenerateRequest(**fields)
+
+    monkeypatch.setattr(agent_module, "GenerateRequest", faulty_request)
+    replies: dict[str, pbkv.Reply] = {}
+    failures: dict[str, pbkv.CallFailed] = {}
+    async with pbkv.open_runtime(sim()) as rt:
+
+        async def one(workflow_id: str) -> None:
+            async with rt.workflow(workflow_id) as wf:
+                try:
+                    replies[workflow_id] = await wf.call("coder", chat(workflow_id))
+                except pbkv.CallFailed as error:
+                    failures[workflow_id] = error
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(one, f"w{i}")
+        agent = rt.system.statistics()["agent/coder"]
+        stats = rt.statistics()
+    assert sorted(replies) == [f"w{i}" for i in range(8) if i != 3]
+    assert all(len(r.token_ids) == 256 for r in replies.values())
+    assert list(failures) == ["w3"] and not failures["w3"].retryable
+    assert str(failures["w3"]) == "coder (step 0): agent coder: RuntimeError: injected fault"
+    assert (agent.failures, agent.restarts) == (0, 0)
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
