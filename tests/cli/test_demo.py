@@ -1,6 +1,7 @@
 """`pbkv demo` runs the live app on a real model and prints the comparison and the paths."""
 
 import json
+import re
 
 from pbkv.cli import main
 from pbkv.predictor import make_forecaster
@@ -24,7 +25,7 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0
     assert "live-codegen: 2 workflows" in out and "wall-clock seconds" in out
-    assert out.count("│ pbkv") == 1 and out.count("│ lru") == 1
+    assert [len(re.findall(rf"^{p}:\S+ +\d", out, re.M)) for p in ("lru", "pbkv")] == [1, 1]
     assert "paths taken" in out
 
     demo = json.loads(out_json.read_text())
