@@ -15,6 +15,13 @@ import numpy as np
 from pbkv.predictor.trace import END, TraceRecord
 from pbkv.predictor.vocab import agent_index, check_agent, check_path
 
+EDGE_HINT = (
+    "an app with fan-out runs its branches concurrently and a trace steps between them: "
+    "widen the graph with CallGraph(agents, edges).widened(traces), or use the 'online' "
+    "forecaster, which learns transitions as it serves"
+)
+"""What to do when a trace takes a transition the declared graph lacks."""
+
 
 class CallGraph:
     """Which agent may follow which.
@@ -153,7 +160,7 @@ class CallGraph:
         """Return the matrix cell of edge ``source -> target``; raise if it is no edge."""
         cell = self.index(source), self.index(target)
         if not self._admissible[cell]:
-            raise ValueError(f"transition {source!r} -> {target!r} is not an edge")
+            raise ValueError(f"transition {source!r} -> {target!r} is not an edge; {EDGE_HINT}")
         return cell
 
     def transition_matrix(

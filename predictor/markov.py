@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from pbkv.predictor.base import WorkflowState
-from pbkv.predictor.callgraph import CallGraph
+from pbkv.predictor.callgraph import EDGE_HINT, CallGraph
 from pbkv.predictor.trace import END, TraceRecord
 from pbkv.predictor.vocab import agent_index, check_agent, check_path
 
@@ -167,7 +167,9 @@ class MarkovForecaster:
         """Count ``context -> nxt`` in ``counts`` under every suffix of ``context``."""
         if not self._mask[context[-1], nxt]:
             names = (*self.agents, END)
-            raise ValueError(f"transition {names[context[-1]]!r} -> {names[nxt]!r} is not an edge")
+            raise ValueError(
+                f"transition {names[context[-1]]!r} -> {names[nxt]!r} is not an edge; {EDGE_HINT}"
+            )
         for m in range(len(context) + 1):
             key = context[len(context) - m :]
             if key not in counts:
