@@ -12,6 +12,7 @@ and releases its cache leases. Streams are written as server-sent events by hand
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import secrets
@@ -70,6 +71,22 @@ def _content_length(scope: Scope) -> int:
         if name.lower() == b"content-length" and value.strip().isdigit():
             return int(value)
     return 0
+
+
+def _owns(tenant: str, namespace: str) -> bool:
+    """Whether ``namespace`` (a workflow's tenant) is ``tenant`` or one of its salted
+    namespaces (``tenant/salt``); the default tenant ``""`` owns only ``""``."""
+    return namespace == tenant or (bool(tenant) and namespace.startswith(tenant + "/"))
+
+
+def _only_workflows(runtime_stats: Any, live_ids: set[str]) -> Any:
+    """Return ``runtime_stats`` with ``agents_by_workflow`` cut to ``live_ids`` (the other
+    counters are totals: they name no workflow)."""
+    agents = getattr(runtime_stats, "agents_by_workflow", None)
+    if agents is None:
+        return runtime_stats
+    mine = {wf: names for wf, names in agents.items() if wf in live_ids}
+    return dataclasses.replace(runtime_stats, agents_by_workflow=mine)
 
 
 def routed_path(path: str) -> str:
@@ -334,13 +351,23 @@ class OpenAIApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    def statistics(self) -> dict[str, Any]:
-        """Return the statistics document of ``GET /stats``."""
+    def statistics(self, tenant: str | None = None) -> dict[str, Any]:
+        """Return the statistics document of ``GET /stats``.
+
+        Args:
+            tenant: list only this tenant's workflows (its ``cache_salt`` namespaces
+                included); ``None`` lists every tenant's.
+        """
+        workflows = self._sessions.records()
+        runtime_stats = self._runtime.statistics()
+        if tenant is not None:
+            workflows = [w for w in workflows if _owns(tenant, w.tenant)]
+            runtime_stats = _only_workflows(runtime_stats, {w.live_id for w in workflows})
         return snapshot(
             model=self.model,
-            runtime_stats=self._runtime.statistics(),
+            runtime_stats=runtime_stats,
             sessions=self._sessions.statistics(),
-            workflows=self._sessions.records(),
+            workflows=workflows,
             http=self.http,
         )
 
@@ -601,7 +628,13 @@ class OpenAIApp:
         await responder.whole(200, encode(ModelCard(self.model, self._created)))
 
     async def _stats(self, scope: Scope, body: bytes, responder: _Responder) -> None:
-        await responder.whole(200, msgspec.json.encode(self.statistics()))
+        """Answer the statistics with the workflows the caller may see: every tenant's
+        for the admin key, the key's tenant's for another key, and without keys the
+        default tenant's (a ``cache_salt`` is a secret; its workflows are not listed)."""
+        headers = _headers(scope)
+        admin = self._is_admin(headers)
+        tenant = None if admin else key_tenant(headers, self._config.api_keys)
+        await responder.whole(200, msgspec.json.encode(self.statistics(tenant)))
 
     async def _metrics(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         text = prometheus_text(

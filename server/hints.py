@@ -33,12 +33,15 @@ class Hints(NamedTuple):
         agent: the calling agent's name (``assistant`` when not given).
         final: the workflow ends after this request.
         tenant: the cache namespace (``""``: the shared default namespace).
+        account: who the request counts against in per-tenant limits: the API key's
+            tenant, or without keys the ``cache_salt`` (``""`` when none).
     """
 
     workflow_id: str | None
     agent: str
     final: bool
     tenant: str
+    account: str = ""
 
 
 def _flag(name: str, value: str) -> bool:
@@ -104,7 +107,8 @@ def resolve_hints(
     cache_salt: str | None,
     tenant: str,
 ) -> Hints:
-    """Merge header and body hints (the body wins) into one :class:`Hints`.
+    """Merge header and body hints into one :class:`Hints`: a hint the body gives wins
+    over the header's (``"final": false`` in the body beats ``X-PBKV-Final: true``).
 
     Args:
         headers: request headers, names lower-case.
@@ -123,7 +127,7 @@ def resolve_hints(
     if body is not None:
         workflow_id = _body_hint("workflow_id", body.workflow_id) or workflow_id
         agent = _body_hint("agent", body.agent) or agent
-        final = final or body.final
+        final = final if body.final is None else body.final
     for name, value in (("workflow_id", workflow_id), ("agent", agent)):
         if value is not None and _CONTROL.search(value):
             raise APIError(
@@ -131,6 +135,7 @@ def resolve_hints(
                 f"{name} {value!r}: control characters (newline, NUL...) are not allowed",
                 param=f"pbkv.{name}",
             )
+    account = tenant or cache_salt or ""
     if cache_salt:
         tenant = f"{tenant}/{cache_salt}" if tenant else cache_salt
-    return Hints(workflow_id, agent or DEFAULT_AGENT, final, tenant)
+    return Hints(workflow_id, agent or DEFAULT_AGENT, final, tenant, account)

@@ -61,11 +61,12 @@ HintText = Annotated[str, Meta(min_length=1, max_length=MAX_HINT_CHARS)]
 
 
 class WorkflowHints(msgspec.Struct, frozen=True):
-    """The ``pbkv`` body object (sent through OpenAI clients' ``extra_body``)."""
+    """The ``pbkv`` body object (sent through OpenAI clients' ``extra_body``); a field
+    left out (``None``) leaves the header's hint, if any."""
 
     workflow_id: HintText | None = None
     agent: HintText | None = None
-    final: bool = False
+    final: bool | None = None
 
 
 class _Sampled(msgspec.Struct, frozen=True, kw_only=True):

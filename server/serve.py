@@ -139,7 +139,10 @@ async def run_server(
         OSError: the address cannot be bound.
     """
     sessions = SessionRegistry(
-        runtime, idle_timeout_s=config.idle_timeout_s, max_sessions=config.max_sessions
+        runtime,
+        idle_timeout_s=config.idle_timeout_s,
+        max_sessions=config.max_sessions,
+        max_sessions_per_tenant=config.max_sessions_per_tenant,
     )
     app = OpenAIApp(runtime, sessions, config)
     async with trio.open_nursery() as nursery:

@@ -15,9 +15,10 @@ same id's previous workflow, still finishing a request after one marked final.
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import math
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -33,12 +34,20 @@ log = logging.getLogger(__name__)
 
 APP = "serve"
 _END_TIMEOUT_S = 30.0  # bound on ending a workflow from a cancelled or closing request
+_MIN_SWEEP_S = 0.05  # the idle sweep never spins, however short the idle timeout
+
+
+def _single_id() -> str:
+    """Return a fresh one-request workflow id (random: it tells no one how many requests
+    anyone made)."""
+    return f"req-{secrets.token_hex(8)}"
 
 
 class WorkflowRecord(msgspec.Struct):
     """What the server saw of one workflow: its agents in call order, requests, state.
 
-    ``workflow_id`` is the client's (``req-N`` for a one-request workflow), ``live_id`` the
+    ``workflow_id`` is the client's (``req-`` and 16 random hex digits for a one-request
+    workflow: no count of anyone's requests can be read from it), ``live_id`` the
     live workflow's (see the module docstring). ``state``: ``active``, ``final`` (ended
     after a request marked final), ``idle`` (retired by the idle timeout), ``single`` (a
     one-request workflow), ``closed`` (open at shutdown).
@@ -86,6 +95,7 @@ async def _shielded(ending: Awaitable[None]) -> None:
 class _Session:
     workflow: Any  # the live workflow handle of pbkv.live
     record: WorkflowRecord
+    account: str  # Hints.account: what per-tenant limits count
     last_used_s: float
     in_flight: int = 0
     final: bool = False
@@ -99,7 +109,12 @@ class SessionRegistry:
         runtime: the live runtime (``pbkv.open_runtime``).
         idle_timeout_s: a session with nothing in flight for this long is ended.
         max_sessions: open sessions at most; past it the least recently used idle session
-            is ended, and with none idle the request is refused (429).
+            of the tenant (``Hints.account``) holding the most is ended, so a tenant
+            within its share keeps its workflows; with none idle the request is refused
+            (429).
+        max_sessions_per_tenant: open sessions of one tenant at most; past it that
+            tenant's least recently used idle session is ended, and with none idle its
+            request is refused (429). Another tenant's sessions are never touched.
         recent_workflows: how many workflows :meth:`records` remembers (active and ended).
     """
 
@@ -109,22 +124,28 @@ class SessionRegistry:
         *,
         idle_timeout_s: float = 300.0,
         max_sessions: int = 4096,
+        max_sessions_per_tenant: int = 1024,
         recent_workflows: int = 1024,
     ) -> None:
-        if idle_timeout_s <= 0:
-            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
-        if max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        if not (idle_timeout_s > 0 and math.isfinite(idle_timeout_s)):
+            raise ValueError(f"idle_timeout_s must be a finite number > 0, got {idle_timeout_s}")
+        for name, value in (
+            ("max_sessions", max_sessions),
+            ("max_sessions_per_tenant", max_sessions_per_tenant),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         self._runtime = runtime
         self.idle_timeout_s = idle_timeout_s
         self._max_sessions = max_sessions
+        self._max_per_tenant = max_sessions_per_tenant
         self._sessions: dict[tuple[str, str], _Session] = {}
+        self._by_account: collections.Counter[str] = collections.Counter()
         self._open_lock = trio.Lock()
         # by opening serial: an id reopened after its workflow ended is a second record
         self._records: collections.OrderedDict[int, WorkflowRecord] = collections.OrderedDict()
         self._recent = recent_workflows
-        self._serial = itertools.count(1)  # one-request workflows' ids
-        self._opening = itertools.count(1)  # records' keys, live ids' suffixes
+        self._serial = 0  # records' keys
         self._in_flight = 0
         self._opened = self._ended_final = self._ended_idle = self._single = 0
 
@@ -139,7 +160,8 @@ class SessionRegistry:
         hinted one open.
 
         Raises:
-            APIError: 429 when ``max_sessions`` sessions are open and none is idle.
+            APIError: 429 when the tenant's ``max_sessions_per_tenant`` sessions are open
+                and none is idle, or ``max_sessions`` are and no tenant has one idle.
         """
         self._in_flight += 1
         try:
@@ -154,9 +176,9 @@ class SessionRegistry:
 
     @asynccontextmanager
     async def _single_request(self, hints: Hints) -> AsyncIterator[Lease]:
-        workflow_id = f"req-{next(self._serial)}"
+        workflow_id = _single_id()
         while workflow_id in self._runtime.active_workflows():  # a client chose this id
-            workflow_id = f"req-{next(self._serial)}"
+            workflow_id = _single_id()
         wf = await self._runtime.open_workflow(
             workflow_id=workflow_id, app=APP, tenant=hints.tenant
         )
@@ -188,7 +210,7 @@ class SessionRegistry:
                 session.final = True
                 session.record.state = "final"
                 if self._sessions.get(self._key(hints)) is session:
-                    del self._sessions[self._key(hints)]
+                    self._forget(self._key(hints))
                 self._ended_final += 1
             if session.final and session.in_flight == 1:
                 await self._end(session, "end")
@@ -212,39 +234,65 @@ class SessionRegistry:
             session = self._sessions.get(key)
             if session is not None:
                 return session
-            if len(self._sessions) >= self._max_sessions:
-                await self._evict_one()
+            if self._by_account[hints.account] >= self._max_per_tenant:
+                await self._evict_one(
+                    (hints.account,), f"{self._max_per_tenant} workflows of this tenant"
+                )
+            elif len(self._sessions) >= self._max_sessions:
+                largest = [a for a, _ in self._by_account.most_common()]
+                await self._evict_one(largest, f"{self._max_sessions} workflows")
             wid = hints.workflow_id
             assert wid is not None
             base = f"{hints.tenant}/{wid}" if hints.tenant else wid
-            live_id, taken = base, set(self._runtime.active_workflows())
+            live_id, taken, suffix = base, set(self._runtime.active_workflows()), 1
             while live_id in taken:
-                live_id = f"{base}#{next(self._opening)}"
+                suffix += 1
+                live_id = f"{base}#{suffix}"
             wf = await self._runtime.open_workflow(
                 workflow_id=live_id, app=APP, tenant=hints.tenant
             )
             record = WorkflowRecord(wid, hints.tenant, live_id=live_id)
-            session = _Session(wf, record, last_used_s=now_s())
+            session = _Session(wf, record, hints.account, last_used_s=now_s())
             self._sessions[key] = session
+            self._by_account[hints.account] += 1
             self._opened += 1
             self._remember(record)
             return session
 
-    async def _evict_one(self) -> None:
-        idle = [(s.last_used_s, k) for k, s in self._sessions.items() if s.in_flight == 0]
-        if not idle:
-            raise APIError(
-                429,
-                f"{self._max_sessions} workflows are open and busy; retry later",
-                type="rate_limit_error",
-                code="too_many_workflows",
-                retry_after_s=1,
-            )
-        _, key = min(idle)
-        await self._retire(key)
+    async def _evict_one(self, accounts: Sequence[str], full: str) -> None:
+        """End the least recently used idle session of the first of ``accounts`` that
+        has one.
+
+        Raises:
+            APIError: 429 (``full`` says what is full) when none of them has one.
+        """
+        for account in accounts:
+            idle = [
+                (s.last_used_s, k)
+                for k, s in self._sessions.items()
+                if s.account == account and s.in_flight == 0
+            ]
+            if idle:
+                await self._retire(min(idle)[1])
+                return
+        raise APIError(
+            429,
+            f"{full} are open and busy; retry later",
+            type="rate_limit_error",
+            code="too_many_workflows",
+            retry_after_s=1,
+        )
+
+    def _forget(self, key: tuple[str, str]) -> _Session:
+        """Remove an open session from the registry (it is not ended here)."""
+        session = self._sessions.pop(key)
+        self._by_account[session.account] -= 1
+        if not self._by_account[session.account]:
+            del self._by_account[session.account]
+        return session
 
     async def _retire(self, key: tuple[str, str]) -> None:
-        session = self._sessions.pop(key)
+        session = self._forget(key)
         session.record.state = "idle"
         self._ended_idle += 1
         await self._end(session, "end")
@@ -262,7 +310,8 @@ class SessionRegistry:
             )
 
     def _remember(self, record: WorkflowRecord) -> None:
-        self._records[next(self._opening)] = record
+        self._serial += 1
+        self._records[self._serial] = record
         while len(self._records) > self._recent:
             self._records.popitem(last=False)
 
@@ -285,7 +334,7 @@ class SessionRegistry:
         task_status.started()
         try:
             while True:
-                await trio.sleep(min(self.idle_timeout_s / 4, 5.0))
+                await trio.sleep(max(min(self.idle_timeout_s / 4, 5.0), _MIN_SWEEP_S))
                 await self.retire_idle()
         finally:
             with trio.CancelScope(shield=True):
@@ -294,6 +343,7 @@ class SessionRegistry:
     async def close(self) -> None:
         """End every open session (state ``closed``)."""
         sessions, self._sessions = list(self._sessions.values()), {}
+        self._by_account.clear()
         for session in sessions:
             session.record.state = "closed"
             await self._end(session, "end")

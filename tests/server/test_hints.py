@@ -65,3 +65,17 @@ def test_api_key_tenants():
             key_tenant(headers, keys)
         assert info.value.status == 401
         assert info.value.code == "invalid_api_key"
+
+
+def test_a_body_final_false_beats_a_final_header_and_absent_leaves_it():
+    headers = {"x-pbkv-workflow-id": "w", "x-pbkv-final": "true"}
+    no = WorkflowHints(final=False)
+    assert not resolve_hints(headers, no, cache_salt=None, tenant="").final
+    assert resolve_hints(headers, WorkflowHints(agent="a"), cache_salt=None, tenant="").final
+    assert resolve_hints({}, WorkflowHints(final=True), cache_salt=None, tenant="").final
+
+
+def test_the_account_is_the_key_tenant_or_without_keys_the_salt():
+    assert resolve_hints({}, None, cache_salt="s", tenant="acme").account == "acme"
+    assert resolve_hints({}, None, cache_salt="s", tenant="").account == "s"
+    assert resolve_hints({}, None, cache_salt=None, tenant="").account == ""

@@ -627,3 +627,44 @@ async def test_one_auth_decision_on_the_routed_path_trailing_slashes_and_escapes
     assert [r.status_code for r in keyless] == [401] * len(spelled)
     assert "workflows" not in keyless[3].text
     assert (keyed.status_code, health.status_code) == (200, 200)
+
+
+async def test_stats_lists_the_callers_tenant_and_the_admin_key_lists_every_tenant():
+    keys = {"key-a": "acme", "key-b": "globex"}
+    config = ServerConfig(port=0, api_keys=keys, admin_key="root")
+    async with serving(config, engine="sim") as served:
+        for key, workflow in (("key-a", "a-job"), ("key-b", "b-job"), ("key-a", "a-salted")):
+            body = {"model": "sim/qwen3-32b", "messages": chat("hi"), "max_tokens": 2}
+            body["pbkv"] = {"workflow_id": workflow}
+            if workflow == "a-salted":
+                body["cache_salt"] = "s1"
+            auth = {"Authorization": f"Bearer {key}"}
+            reply = await served.http("POST", "/v1/chat/completions", json=body, headers=auth)
+            assert reply.status_code == 200, reply.text
+
+        async def listed(key: str) -> list[tuple[str, str]]:
+            stats = await served.http("GET", "/stats", headers={"Authorization": f"Bearer {key}"})
+            assert stats.status_code == 200, stats.text
+            return sorted((w["workflow_id"], w["tenant"]) for w in stats.json()["workflows"])
+
+        acme, globex, admin = await listed("key-a"), await listed("key-b"), await listed("root")
+        admin_elsewhere = await served.http(
+            "GET", "/v1/models", headers={"Authorization": "Bearer root"}
+        )
+    assert acme == [("a-job", "acme"), ("a-salted", "acme/s1")]
+    assert globex == [("b-job", "globex")]
+    assert admin == [("a-job", "acme"), ("a-salted", "acme/s1"), ("b-job", "globex")]
+    assert admin_elsewhere.status_code == 401  # the admin key reads /stats, nothing else
+
+
+async def test_without_keys_stats_lists_no_salted_workflow_unless_asked_by_the_admin():
+    async with serving(ServerConfig(port=0, admin_key="root"), engine="sim") as served:
+        for salt in (None, "secret-salt"):
+            body = {"model": "sim/qwen3-32b", "messages": chat("hi"), "max_tokens": 2}
+            body |= {"pbkv": {"workflow_id": f"w-{salt}"}, "cache_salt": salt}
+            assert (await served.http("POST", "/v1/chat/completions", json=body)).is_success
+        anyone = await served.http("GET", "/stats")
+        admin = await served.http("GET", "/stats", headers={"Authorization": "Bearer root"})
+    assert [w["workflow_id"] for w in anyone.json()["workflows"]] == ["w-None"]
+    assert "secret-salt" not in anyone.text
+    assert len(admin.json()["workflows"]) == 2
