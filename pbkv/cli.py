@@ -811,8 +811,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:  # --app my_module:app finds my_module.py here (last,
         sys.path.append(os.getcwd())  # so it never shadows an installed package)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
-    # Piped output would be cut to 80 columns; the comparison table needs about 150.
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    # Piped output would be cut to 80 columns; the comparison table fits 100.
+    console = Console() if sys.stdout.isatty() else Console(width=100)
     from pbkv.live.driver import NodeFailed  # an app's own code raised (named by node)
 
     try:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from pbkv.predictor.base import Forecaster, WorkflowState
+from pbkv.predictor.base import Forecast, Forecaster, WorkflowState
+from pbkv.predictor.online import OnlineAccuracy, OnlineMarkovForecaster
 
 
 class NoiseForecaster:
@@ -55,3 +56,45 @@ class NoiseForecaster:
         else:
             u = self._rng.dirichlet(np.ones(p.shape[-1]), size=p.shape[:-1])
         return (1.0 - self.lam) * p + self.lam * u
+
+
+class OnlineNoiseForecaster(NoiseForecaster):
+    """The noise wrapper around an online forecaster (per-app columns, learning as it
+    serves): each :class:`~pbkv.predictor.base.Forecast` is mixed as
+    :class:`NoiseForecaster` mixes rows; learning and accuracy pass through to ``inner``.
+
+    Args:
+        inner: an :class:`~pbkv.predictor.online.OnlineMarkovForecaster`.
+        lam / seed: as :class:`NoiseForecaster`.
+    """
+
+    def __init__(self, inner: OnlineMarkovForecaster, lam: float, *, seed: int | None = None):
+        super().__init__(inner, lam, seed=seed)  # type: ignore[arg-type]
+        self.online = inner
+
+    def forecast_each(self, states: Sequence[WorkflowState]) -> list[Forecast | None]:
+        """Return the inner forecasts, each mixed with noise (``None`` stays ``None``)."""
+        out: list[Forecast | None] = []
+        for forecast in self.online.forecast_each(states):
+            if forecast is None:
+                out.append(None)
+                continue
+            p = forecast.probabilities
+            if self._rng is None:
+                u = np.full_like(p, 1.0 / p.shape[-1])
+            else:
+                u = self._rng.dirichlet(np.ones(p.shape[-1]), size=p.shape[:-1])
+            out.append(Forecast((1.0 - self.lam) * p + self.lam * u, forecast.agents))
+        return out
+
+    def observe(self, app: str, path: Sequence[str], *, tenant: str = "") -> None:
+        """Learn from one ended workflow (the inner model's counts; noise is not learned)."""
+        self.online.observe(app, path, tenant=tenant)
+
+    def warm_start(self, app: str, agents: Sequence[str], edges: Iterable[tuple[str, str]]) -> None:
+        """As :meth:`~pbkv.predictor.online.OnlineMarkovForecaster.warm_start`."""
+        self.online.warm_start(app, agents, edges)
+
+    def accuracy(self) -> OnlineAccuracy:
+        """The inner model's accuracy (of its own forecasts, before noise)."""
+        return self.online.accuracy()

@@ -47,8 +47,14 @@ from pbkv.live.driver import serve_replays
 from pbkv.predictor import CallGraph, NoiseForecaster, OnlineMarkovForecaster, make_forecaster
 from pbkv.predictor.base import Forecaster
 from pbkv.predictor.dataset import task_group
+from pbkv.predictor.noise import OnlineNoiseForecaster
 
 log = logging.getLogger(__name__)
+
+
+DEFAULT_POLICIES = ("lru", "lru:fcfs-balanced", "lru:workflow", "pbkv")
+"""The rows that split pbkv's gain over ``lru`` into batching, admission and the cache
+policy (each row adds one part; see :func:`pbkv.bench.report.gain_decomposition`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +95,7 @@ class BenchConfig:
     """
 
     app: str = "codegen"
-    policies: tuple[str, ...] = ("lru", "lae", "he", "pbkv")
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     workflows: int = 64
     concurrency: int = 16
     gpu_kv_tokens: int | None = None
@@ -275,6 +281,8 @@ def row_forecasters(
     online = OnlineMarkovForecaster(horizon=config.horizon)
     if app_agents:
         online.warm_start(app, app_agents, app_edges)
+    if config.noise > 0:
+        return [OnlineNoiseForecaster(online, config.noise, seed=config.seed)]
     return [online]
 
 
@@ -572,11 +580,6 @@ def run_bench(
 
     for spec in config.policies:
         resolve_spec(spec, config.scheduler)
-    if config.predictor == ONLINE_PREDICTOR and config.noise > 0:
-        raise ValueError(
-            "noise wraps a fitted predictor's forecasts; pass --predictor markov (or "
-            "another fitted one) with --noise"
-        )
     app = get_app(config.app)
     if getattr(app, "open_loop", False):  # a trace with arrival times (mooncake)
         config = dataclasses.replace(config, open_loop=True)

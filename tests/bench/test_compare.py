@@ -8,7 +8,15 @@ import pytest
 from pbkv.bench.compare import BenchConfig, compare_policies
 from pbkv.cli import main
 
-SMALL = BenchConfig(app="codegen", workflows=32, concurrency=8, train_workflows=100, seed=0)
+SMALL = BenchConfig(
+    app="codegen",
+    policies=("lru", "lae", "he", "pbkv"),
+    workflows=32,
+    concurrency=8,
+    predictor="markov",
+    train_workflows=100,
+    seed=0,
+)
 
 
 def figures(results):

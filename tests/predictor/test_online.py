@@ -112,3 +112,17 @@ def test_rows_are_distributions_conditional_on_alive():
     assert forecast.probabilities.shape == (3, 4)
     np.testing.assert_allclose(forecast.probabilities.sum(axis=1), 1.0)
     assert (forecast.probabilities >= 0).all()
+
+
+def test_noise_mixes_an_online_forecast_and_passes_learning_through():
+    from pbkv.predictor.noise import OnlineNoiseForecaster
+
+    inner = OnlineMarkovForecaster(horizon=1, order=1)
+    noisy = OnlineNoiseForecaster(inner, 0.5)
+    for _ in range(3):
+        noisy.observe("app", ["a", "b"])
+    [clean] = inner.forecast_each([state(["a"])])
+    [mixed] = noisy.forecast_each([state(["a"])])
+    assert mixed.agents == clean.agents == ("a", "b")
+    np.testing.assert_allclose(mixed.probabilities, 0.5 * clean.probabilities + 0.5 / 3)
+    assert noisy.accuracy() == inner.accuracy() and inner.accuracy().workflows == 3
