@@ -147,8 +147,9 @@ class Scheduler(Protocol):
     balanced_prefill: bool
     """Whether the engine should cap each step's prefill at what the decode batch's
     compute slack carries (stall-free batching) instead of its fixed chunk size, and
-    commit each chunk as it lands. The sim engine does (it has the cost model); the torch
-    engine keeps its fixed chunk."""
+    commit each chunk as it lands. The sim engine sizes that slack with its cost model,
+    the torch engine with its measured step costs (prefill tokens per decode forward's
+    time)."""
 
     def admit(
         self,

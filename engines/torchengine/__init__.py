@@ -25,6 +25,7 @@ from pbkv.engines.torchengine.model import (
     tiny_config,
 )
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
+from pbkv.engines.torchengine.stepcost import StepCosts
 
 __all__ = [
     "MODEL_NAMES",
@@ -33,6 +34,7 @@ __all__ = [
     "HitSaving",
     "KVLayout",
     "PagedKVPools",
+    "StepCosts",
     "TorchEngine",
     "TorchEngineConfig",
     "TorchStatistics",

@@ -16,6 +16,13 @@ request's private blocks before each ``commit`` (after prefill, and at finish fo
 blocks the output filled). Requests interleave fairly: every step advances every
 decoding request by one token, in one batched forward over their left-padded past KV,
 and prefill is chunked so a long prompt does not stall the decodes.
+
+A scheduler that asks for ``balanced_prefill`` (``workflow``, ``fcfs-balanced``) gets
+the sim engine's stall-free batches: while requests decode, a step carries only the
+prefill tokens the engine computes in one decode forward's time (measured,
+:class:`~pbkv.engines.torchengine.stepcost.StepCosts`), not the full chunk, and each
+chunk's full blocks are committed as they land. Every step's prefill and decode
+seconds feed :attr:`prefill_share`, which the ``workflow`` scheduler's hold-back reads.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
+from pbkv.engines.torchengine.stepcost import StepCosts
 from pbkv.kvmanager import (
     Admission,
     KVConfig,
@@ -63,7 +71,8 @@ class TorchEngineConfig:
     Args:
         max_batch_size: most requests running at once (prefilling or decoding).
         max_prefill_tokens: prefill tokens per step, shared by the requests prefilling
-            (chunked prefill keeps decodes moving during a long prompt).
+            (chunked prefill keeps decodes moving during a long prompt); with a
+            ``balanced_prefill`` scheduler, the cap on the measured stall-free budget.
         stop_token_ids: generation stops early at any of these; ``None`` = the model's
             ``eos_token_id``; ``()`` = always generate ``max_new_tokens``.
         check_integrity: assert the KV manager's invariants after every step (tests).
@@ -77,10 +86,13 @@ class TorchEngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class TorchStatistics:
-    """Engine counters; times are wall-clock seconds of the worker thread.
+    """Engine counters; times are wall-clock seconds.
 
-    ``decode_forwards`` counts batched decode forwards (``decode_tokens`` over it is the
-    mean decode batch); ``h2d_blocks`` / ``d2h_blocks`` count blocks queued for copy.
+    ``copy_s``, ``prefill_s`` and ``decode_s`` are the worker thread's time in each part
+    of the steps; ``busy_s`` is the steps' whole time, the hand-off to the worker thread
+    and back included (so the parts sum to at most it). ``decode_forwards`` counts
+    batched decode forwards (``decode_tokens`` over it is the mean decode batch);
+    ``h2d_blocks`` / ``d2h_blocks`` count blocks queued for copy.
     """
 
     steps: int
@@ -94,6 +106,7 @@ class TorchStatistics:
     d2h_blocks: int
     prefetch_steps: int
     retractions: int = 0
+    busy_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -108,6 +121,7 @@ class _Counters:
     h2d_blocks: int = 0
     d2h_blocks: int = 0
     prefetch_steps: int = 0
+    busy_s: float = 0.0
 
 
 def make_kv_config(
@@ -180,6 +194,18 @@ class _StepPlan:
         return not (self.copies or self.prefills or self.decodes)
 
 
+@dataclass(frozen=True, slots=True)
+class _Executed:
+    """What one step's worker run gave back: the copies' completion, the requests whose
+    own work raised, and the worker's seconds in each part."""
+
+    done: CopyDone
+    failed: dict[_Entry, Exception]
+    copy_s: float
+    prefill_s: float
+    decode_s: float
+
+
 @dataclass(eq=False, slots=True)
 class _Inflight:
     """A load whose copies are queued (``done is None``) or issued."""
@@ -242,6 +268,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self._inflight: deque[_Inflight] = deque()
         self._loading: set[LoadTransfer] = set()
         self._decode_step_s = 0.05
+        self.costs = StepCosts()
+        """Measured step costs; they size balanced batches (:meth:`_prefill_budget`)."""
         self._counters = _Counters()
         kv.set_demote_hook(self._on_demote)
 
@@ -276,9 +304,10 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self._prefetch()  # idle space and idle bandwidth only (§5.4)
             plan = _StepPlan(self._take_copies(plan.copies), plan.prefills, plan.decodes)
         started = now_s()
+        busy_from = time.perf_counter()
         self._executing = True
         try:
-            done, failed = await trio.to_thread.run_sync(self._execute, plan)
+            ran = await trio.to_thread.run_sync(self._execute, plan)
         except BaseException as exc:
             self._executing = False
             stopped = isinstance(exc, trio.Cancelled)
@@ -289,13 +318,15 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self._abandon_copies(plan.copies)
             raise
         self._executing = False
+        self._counters.busy_s += time.perf_counter() - busy_from
+        self._note_costs(plan, ran)
         for item in self._inflight:
             if item.done is None:
-                item.done = done
+                item.done = ran.done
         if plan.decodes and not plan.prefills:
             self._decode_step_s = 0.8 * self._decode_step_s + 0.2 * (now_s() - started)
-        if failed:
-            plan = self._fail_requests(plan, failed)
+        if ran.failed:
+            plan = self._fail_requests(plan, ran.failed)
         self._apply(plan)
         self._reap_cancelled()  # after _apply: what they computed is committed first
         self._counters.steps += 1
@@ -303,10 +334,18 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             self.kv.check_integrity()
 
     async def _idle(self) -> None:
+        started_s = now_s()
         if self._inflight:  # copies in flight on a CUDA stream: poll them
             await trio.sleep(0.0005)
-            return
-        await self._wait_for_work()
+        else:
+            await self._wait_for_work()
+        self._note_idle(now_s() - started_s)
+
+    def _note_costs(self, plan: _StepPlan, ran: _Executed) -> None:
+        """Fold a step's worker times into :attr:`costs` and :attr:`prefill_share`."""
+        prefill_tokens = sum(c.tokens for c in plan.prefills)
+        self.costs.observe(prefill_tokens, ran.prefill_s, ran.decode_s if plan.decodes else 0.0)
+        self._note_busy(ran.copy_s + ran.prefill_s + ran.decode_s, ran.prefill_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
@@ -319,8 +358,31 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 self._queue_load(load)
         self._running.append(entry)
 
-    def _plan(self) -> _StepPlan:
+    def _prefill_budget(self, decode_batch: int) -> int:
+        """Return this step's prefill token budget, shared by the prefilling requests.
+
+        ``max_prefill_tokens``, or, for a scheduler that asks for ``balanced_prefill``
+        while requests decode, the tokens the engine prefills in one decode forward's
+        time (:meth:`StepCosts.prefill_slack_tokens`, at least one block; one block
+        until both are measured), as the sim engine's ``_prefill_budget`` does with its
+        cost model: a full chunk holds every decoding request to one token per long
+        step.
+        """
         budget = self.config.max_prefill_tokens
+        if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
+            slack = self.costs.prefill_slack_tokens() or 0
+            budget = min(budget, max(self.kv.config.block_size, slack))
+        return budget
+
+    def _commits_chunks(self) -> bool:
+        """Whether each prefill chunk's full blocks are stored and committed as it lands:
+        balanced chunks are small, and others can hit (and the ``workflow`` scheduler
+        stops holding a request back for) what is committed."""
+        return bool(getattr(self.scheduler, "balanced_prefill", False))
+
+    def _plan(self) -> _StepPlan:
+        decodes = [e for e in self._running if e.prefilled and not e.finished]
+        budget = self._prefill_budget(len(decodes))
         prefills: list[_Chunk] = []
         for entry in self._running:
             if budget <= 0:
@@ -331,7 +393,6 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             prefix = self._prefix_blocks(entry) if entry.cache is None else ()
             prefills.append(_Chunk(entry, n, prefix))
             budget -= n
-        decodes = [e for e in self._running if e.prefilled and not e.finished]
         return _StepPlan(self._take_copies([]), prefills, decodes)
 
     def _apply(self, plan: _StepPlan) -> None:
@@ -339,11 +400,13 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         for chunk in plan.prefills:
             entry = chunk.entry
             self._counters.prefill_tokens += chunk.tokens
+            assert entry.admission is not None
             if entry.prefilled and not entry.prompt_committed:
-                assert entry.admission is not None
                 self.kv.commit(entry.admission, entry.keys)
                 entry.prompt_committed = True
                 entry.first_token_s = entry.first_token_s or now  # a resumption keeps its own
+            elif entry.stored_blocks > entry.admission.committed_blocks:  # a stored chunk
+                self.kv.commit(entry.admission, entry.keys[: entry.stored_blocks])
         self._counters.decode_tokens += len(plan.decodes)
         self._counters.decode_forwards += 1 if plan.decodes else 0
         for entry in self._running:
@@ -523,12 +586,13 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     # -- the worker thread: copies and model ---------------------------------------------
 
-    def _execute(self, plan: _StepPlan) -> tuple[CopyDone, dict[_Entry, Exception]]:
+    def _execute(self, plan: _StepPlan) -> _Executed:
         """Run one step's copies (in queue order), prefill chunks and decode tokens.
 
-        Returns the copies' completion and the requests whose own work raised, with the
-        error: a prefill chunk's forward, a decode row's forward (a batched decode that
-        raises is run again row by row to find it), or sampling. These fail alone.
+        Returns the copies' completion, the requests whose own work raised, with the
+        error (a prefill chunk's forward, a decode row's forward: a batched decode that
+        raises is run again row by row to find it, or sampling; these fail alone), and
+        the seconds spent in copies, prefill and decode.
 
         Raises:
             Exception: the copies failed, or every request's forward in the step did
@@ -550,16 +614,24 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 ran += 1
                 if hidden is not None:
                     self._emit_or_fail(chunk.entry, hidden, failed)
+            if plan.prefills:
+                self._wait_for_compute()  # so the prefill's time is its own
             t2 = time.perf_counter()
             if plan.decodes:
                 ran += self._decode(plan.decodes, failed)
             t3 = time.perf_counter()
         if failed and not ran:
             raise next(iter(failed.values()))
-        self._counters.copy_s += t1 - t0
-        self._counters.prefill_s += t2 - t1
-        self._counters.decode_s += t3 - t2
-        return done, failed
+        executed = _Executed(done, failed, t1 - t0, t2 - t1, t3 - t2)
+        self._counters.copy_s += executed.copy_s
+        self._counters.prefill_s += executed.prefill_s
+        self._counters.decode_s += executed.decode_s
+        return executed
+
+    def _wait_for_compute(self) -> None:
+        """Wait for the kernels queued on the compute stream (not the copy stream's)."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def _prefill(self, chunk: _Chunk) -> torch.Tensor | None:
         """Run one prefill chunk; return the last prompt token's hidden state once the
@@ -571,6 +643,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         hidden = self._forward(ids, entry.cache)
         entry.pos += chunk.tokens
         if not entry.prefilled:
+            if self._commits_chunks():
+                self._store_upto(entry, entry.pos)  # committed after the step
             return None
         self._store_upto(entry, entry.prompt_tokens)
         if entry.hidden is None:  # a resumption keeps its prompt's

@@ -24,7 +24,7 @@ from pbkv.engines.base import (
     RequestTooLarge,
     Sampling,
 )
-from pbkv.engines.scheduler import WorkflowScheduler
+from pbkv.engines.scheduler import WorkflowScheduler, get_scheduler
 from pbkv.engines.torchengine import (
     BlockCopy,
     KVLayout,
@@ -623,3 +623,126 @@ async def test_on_token_returning_true_ends_the_request_at_that_token(
     assert again.output_token_ids == want[3:7]
     assert kv.tree.lease_count() == 0
     kv.check_integrity()
+
+
+# -- balanced (stall-free) batches and busy accounting (§7.0) --------------------------------
+
+
+async def serve_decodes_beside_a_long_prompt(
+    model: torch.nn.Module, scheduler: str, slack: int | None = None
+) -> tuple[TorchEngine, list[tuple[int, frozenset[str], int]]]:
+    """Serve two short requests, then, once they decode, a 400-token prompt (chunk cap
+    128). With ``slack``, the engine's measured stall-free budget is pinned to it.
+
+    Returns the engine and each step's (prefill tokens, decoding request ids, the long
+    request's committed blocks after the step) while the long prompt prefills; every
+    request's tokens are checked against a plain forward.
+    """
+    kv, engine = make_engine(model, gpu=160, host=0, max_prefill_tokens=128)
+    engine.scheduler = get_scheduler(scheduler)
+    if slack is not None:
+        engine.costs.prefill_slack_tokens = lambda: slack  # type: ignore[method-assign]
+    prompts = {"s0": random_prompt(10, seed=60), "s1": random_prompt(13, seed=61)}
+    prompts["long"] = random_prompt(400, seed=62)
+    steps: list[tuple[int, frozenset[str], int]] = []
+    apply = engine._apply
+
+    def recording_apply(plan) -> None:
+        apply(plan)
+        chunks = [c for c in plan.prefills if c.entry.request.request_id == "long"]
+        if chunks:
+            committed = chunks[0].entry.admission.committed_blocks
+            decoding = frozenset(e.request.request_id for e in plan.decodes)
+            steps.append((sum(c.tokens for c in plan.prefills), decoding, committed))
+
+    engine._apply = recording_apply  # type: ignore[method-assign]
+    results: dict[str, GenerateResult] = {}
+
+    async def one(rid: str, new: int) -> None:
+        results[rid] = await engine.generate(request(rid, prompts[rid], new=new))
+
+    async with running(engine), trio.open_nursery() as nursery:
+        nursery.start_soon(one, "s0", 60)
+        nursery.start_soon(one, "s1", 60)
+        while engine.statistics().decode_tokens < 2:
+            await trio.sleep(0.001)
+        nursery.start_soon(one, "long", 2)
+    for rid, result in results.items():
+        assert (
+            result.output_token_ids
+            == reference(model, prompts[rid], len(result.output_token_ids))[0]
+        )
+    kv.check_integrity()
+    return engine, steps
+
+
+async def test_balanced_batches_advance_every_decode_while_a_long_prompt_prefills(
+    tiny: torch.nn.Module,
+) -> None:
+    engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=24)
+    assert engine.scheduler.balanced_prefill
+    # 400 tokens in 24-token chunks, both decodes advancing in each of those steps
+    assert [tokens for tokens, _, _ in steps] == [24] * 16 + [16]
+    assert all(decoding == {"s0", "s1"} for _, decoding, _ in steps)
+    # each chunk's full blocks are committed as it lands (the last with the prompt)
+    assert [committed for _, _, committed in steps] == [24 * (i + 1) // BS for i in range(16)] + [
+        100
+    ]
+
+
+async def test_balanced_batches_keep_at_least_one_block_and_the_chunk_cap(
+    tiny: torch.nn.Module,
+) -> None:
+    _, tiny_slack = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=1)
+    # one block a step while the two decode (59 steps), the full chunk once they end
+    with_decodes = [tokens for tokens, decoding, _ in tiny_slack if decoding]
+    assert with_decodes == [BS] * len(with_decodes) and 50 <= len(with_decodes) <= 59
+    alone = [tokens for tokens, decoding, _ in tiny_slack if not decoding]
+    assert alone == [128] * (len(alone) - 1) + [
+        400 - BS * len(with_decodes) - 128 * (len(alone) - 1)
+    ]
+    _, huge_slack = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=10_000)
+    assert [tokens for tokens, _, _ in huge_slack] == [128, 128, 128, 16]
+
+
+async def test_fcfs_keeps_its_fixed_chunk_while_requests_decode(tiny: torch.nn.Module) -> None:
+    engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "fcfs", slack=24)
+    assert not engine.scheduler.balanced_prefill
+    assert [tokens for tokens, _, _ in steps] == [128, 128, 128, 16]
+    assert all(decoding == {"s0", "s1"} for _, decoding, _ in steps)
+    assert [committed for _, _, committed in steps] == [0, 0, 0, 100]  # the prompt at once
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "workflow"])
+async def test_the_engine_reports_its_prefill_and_decode_time(
+    tiny: torch.nn.Module, scheduler: str
+) -> None:
+    engine, _ = await serve_decodes_beside_a_long_prompt(tiny, scheduler)  # measured slack
+    stats = engine.statistics()
+    assert stats.prefill_s > 0 and stats.decode_s > 0
+    assert stats.copy_s + stats.prefill_s + stats.decode_s <= stats.busy_s
+    assert engine.prefill_share is not None and 0 < engine.prefill_share < 1
+    assert engine.costs.prefill_s_per_token > 0 and engine.costs.decode_step_s > 0
+
+
+async def test_the_workflow_scheduler_reads_the_torch_engines_prefill_share(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny)
+    scheduler = WorkflowScheduler()
+    engine.scheduler = scheduler
+    shares: list[float | None] = []
+    admit = scheduler.admit
+
+    def spy_admit(*args, **kwargs) -> None:
+        shares.append(kwargs["prefill_share"])
+        admit(*args, **kwargs)
+
+    scheduler.admit = spy_admit  # type: ignore[method-assign]
+    async with running(engine):
+        await engine.generate(request("a", random_prompt(30, seed=63), new=8))
+    unknown = shares.index(next(s for s in shares if s is not None))
+    assert unknown >= 1 and set(shares[:unknown]) == {None}  # nothing measured before a step
+    measured = shares[unknown:]
+    assert len(measured) >= 7 and all(s is not None and 0 <= s <= 1 for s in measured)
+    assert measured[0] > measured[-1]  # the prefill step first, decodes after
