@@ -1,6 +1,11 @@
 """Stateful property test of the KV manager: random admissions, loads, commits, releases,
-forecasts, prefetches and evictions keep every §5.1 invariant (``check_integrity()``)."""
+invocations, forecasts, prefetches and evictions keep every §5.1 invariant
+(``check_integrity()``), and every node's score is the one a reference model of the
+score computes: Eq. 2 plus the per-workflow tail past the horizon and the history blend
+(:func:`~pbkv.kvmanager.scoring.agent_weights`), from the call shares, miss rate and
+history evidence that ``on_agent_invoked`` keeps."""
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -10,6 +15,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pbkv.kvmanager import Admission, AdmitRequest, KVConfig, KVManager, LoadTransfer, block_keys
+from pbkv.kvmanager.scoring import (
+    CALL_SHARE_DECAY,
+    EVIDENCE_CAP,
+    HISTORY_SMOOTHING,
+    MISS_RATE_DECAY,
+    PRIOR_EVIDENCE,
+    TAIL_MAX_STEPS,
+)
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import AGENTS as AGENTS_EVICTION
@@ -18,13 +31,124 @@ from .test_eviction import forecast, run
 AGENTS = ("a", "b", "c")
 WORKFLOWS = ("w0", "w1", "w2")
 ALPHABET = st.integers(min_value=0, max_value=1)  # few symbols: prefixes collide often
-GAMMA = 0.8
 MAX_PROMPT = 6
 PROMPTS = st.lists(ALPHABET, min_size=1, max_size=MAX_PROMPT)
 OUTPUTS = st.lists(ALPHABET, min_size=1, max_size=3)
 WORKFLOW = st.sampled_from((*WORKFLOWS, None))
 AGENT = st.sampled_from(AGENTS)
 REUSE = st.one_of(st.none(), st.integers(0, 100))
+
+
+class ScoreModel:
+    """What the score of a node should be, recomputed from the formulas (reference model).
+
+    Mirrors :class:`~pbkv.kvmanager.scoring.ScoreBoard`'s documented rules without its
+    incremental bookkeeping: per active workflow its call shares (a moving average of
+    one-hot calls), its last forecast's step-1 row and weights ``u``; per board the miss
+    rate and the history evidence (:meth:`ScoreBoard.note_invocation`). Where a threshold
+    decides (the evidence against the prior), the same float operations are used.
+    """
+
+    def __init__(self, gamma: float, beyond_horizon: bool) -> None:
+        self.gamma = gamma
+        self.beyond_horizon = beyond_horizon
+        self.miss_rate = 1.0
+        self.board_evidence = PRIOR_EVIDENCE
+        self.evidence: dict[str, float] = {}
+        self.shares: dict[str, dict[str, float]] = {}
+        self.first: dict[str, list[float]] = {}  # step-1 agent probabilities, AGENTS' order
+        self.weights: dict[str, dict[str, float]] = {}
+        self.ended: set[str] = set()
+
+    def start(self, w: str) -> None:
+        self.ended.discard(w)
+
+    def terminate(self, w: str) -> None:
+        for state in (self.evidence, self.shares, self.first, self.weights):
+            state.pop(w, None)
+        self.ended.add(w)
+
+    def invoke(self, w: str, agent: str) -> None:
+        """``on_agent_invoked``: check the step-1 forecast, then count the call."""
+        if w in self.ended:
+            return
+        shares = self.shares.get(w)
+        first = self.first.get(w)
+        if first is not None:
+            p = first[AGENTS.index(agent)]
+            self.miss_rate += MISS_RATE_DECAY * ((1.0 - min(1.0, max(0.0, p))) - self.miss_rate)
+            if shares and self.beyond_horizon:
+                q = _sharpened(first, shares)[AGENTS.index(agent)]
+                ratio = _clipped_log_ratio(q, p)
+                own = self.evidence.get(w, self.board_evidence)
+                self.evidence[w] = _with_evidence(own, ratio)
+                self.board_evidence = _with_evidence(self.board_evidence, ratio)
+        if shares is None:
+            self.shares[w] = {agent: 1.0}
+            return
+        for name in shares:
+            shares[name] *= 1.0 - CALL_SHARE_DECAY
+        shares[agent] = shares.get(agent, 0.0) + CALL_SHARE_DECAY
+
+    def history_weight(self, w: str) -> float:
+        evidence = self.evidence.get(w, self.board_evidence)
+        return 0.0 if evidence < PRIOR_EVIDENCE else 1.0 / (1.0 + math.exp(-evidence))
+
+    def forecast(self, w: str, rows: np.ndarray) -> None:
+        """A forecast applied: ``u[a]`` of Eq. 2 over the blended rows, plus the tail."""
+        shares = self.shares.get(w) if self.beyond_horizon else None
+        mix = self.history_weight(w) if shares else 0.0
+        u = dict.fromkeys(AGENTS, 0.0)
+        alive = 1.0
+        for k, row in enumerate(rows.tolist()):
+            agents_row = row[: len(AGENTS)]
+            blended = agents_row
+            if mix:
+                sharp = _sharpened(agents_row, shares)
+                blended = [(1 - mix) * p + mix * q for p, q in zip(agents_row, sharp, strict=True)]
+            for a, p in zip(AGENTS, blended, strict=True):
+                u[a] += self.gamma**k * alive * p
+            alive *= 1.0 - row[-1]
+        if shares:
+            ratio = 1.0 - self.gamma * (1.0 - rows[-1][-1])
+            steps = TAIL_MAX_STEPS if ratio * TAIL_MAX_STEPS <= 1.0 else 1.0 / ratio
+            tail = self.miss_rate * self.gamma ** len(rows) * alive * steps
+            for a, share in shares.items():
+                u[a] += tail * share
+        self.weights[w] = u
+        self.first[w] = rows[0].tolist()[: len(AGENTS)]
+
+    def score(self, node) -> float:
+        """``Score(c) = sum_{w in W_act(c)} sum_{a in A_w(c)} u_w[a]``."""
+        return sum(
+            self.weights[w][a]
+            for w, agents in node.accessors.items()
+            if w in self.weights
+            for a in agents
+        )
+
+
+def _sharpened(row: list[float], shares: dict[str, float]) -> list[float]:
+    """``Q[a] = (1 - e) P[a] (h[a] + eps) / sum_b P[b] (h[b] + eps)`` (as is if no mass)."""
+    scaled = [
+        p * (shares.get(a, 0.0) + HISTORY_SMOOTHING) for a, p in zip(AGENTS, row, strict=True)
+    ]
+    total = sum(scaled)
+    if total <= 0.0:
+        return list(row)
+    return [x * sum(row) / total for x in scaled]
+
+
+def _clipped_log_ratio(q: float, p: float) -> float:
+    if q <= 0.0 and p <= 0.0:
+        return 0.0
+    if q <= 0.0 or p <= 0.0:
+        return EVIDENCE_CAP if p <= 0.0 else -EVIDENCE_CAP
+    return min(EVIDENCE_CAP, max(-EVIDENCE_CAP, math.log(q / p)))
+
+
+def _with_evidence(evidence: float, ratio: float) -> float:
+    return PRIOR_EVIDENCE + (1.0 - MISS_RATE_DECAY) * (evidence - PRIOR_EVIDENCE) + ratio
 
 
 @dataclass(eq=False)
@@ -44,8 +168,11 @@ class KVManagerMachine(RuleBasedStateMachine):
         block_size=st.integers(1, 2),
         gpu=st.integers(6, 16),
         host=st.sampled_from([0, 2, 3, 4, 8]),
+        # gamma 1 with a small END probability reaches the tail's TAIL_MAX_STEPS cap
+        gamma=st.sampled_from([0.8, 0.8, 1.0]),
+        beyond_horizon=st.sampled_from([True, True, False]),
     )
-    def setup(self, policy, block_size, gpu, host):
+    def setup(self, policy, block_size, gpu, host, gamma, beyond_horizon):
         self.clock = FakeClock()
         cfg = KVConfig(
             block_size=block_size,
@@ -53,15 +180,17 @@ class KVManagerMachine(RuleBasedStateMachine):
             host_capacity_blocks=host,
             bytes_per_block=100,
             policy=policy,
-            gamma=GAMMA,
+            gamma=gamma,
             bandwidth_bytes_per_s=1000.0,
+            beyond_horizon=beyond_horizon,
         )
         self.kv = KVManager(cfg, self.clock)
         self.live: list[Live] = []
         self.pending: list[LoadTransfer] = []  # in issue order
         self.load_ok: dict[LoadTransfer, bool] = {}  # outcome, once completed
         self.active: set[str] = set()
-        self.forecasts: dict[str, np.ndarray] = {}
+        self.model = ScoreModel(gamma, beyond_horizon)
+        self.steps: dict[str, int] = {}  # each workflow's next step
         self.history: list[list[int]] = []  # sequences admitted so far, to ask for again
 
     # -- helpers ----------------------------------------------------------------------
@@ -183,6 +312,19 @@ class KVManagerMachine(RuleBasedStateMachine):
     def start_workflow(self, workflow):
         self.kv.on_workflow_started(workflow)
         self.active.add(workflow)
+        self.model.start(workflow)
+        self.steps[workflow] = 0
+
+    @precondition(lambda self: self.active or self.model.ended)
+    @rule(workflow=st.sampled_from(WORKFLOWS), agent=AGENT)
+    def invoke(self, workflow, agent):
+        """The actor's ``AgentInvoked``; one for a terminated workflow is a late one."""
+        if workflow not in self.active and workflow not in self.model.ended:
+            return  # the actor starts a workflow before it invokes anything
+        step = self.steps.get(workflow, 0)
+        self.steps[workflow] = step + 1
+        self.kv.on_agent_invoked(workflow, agent, step)
+        self.model.invoke(workflow, agent)
 
     @precondition(lambda self: self.active)
     @rule(workflow=st.sampled_from(WORKFLOWS))
@@ -193,7 +335,7 @@ class KVManagerMachine(RuleBasedStateMachine):
             return
         self.kv.on_workflow_terminated(workflow)
         self.active.discard(workflow)
-        self.forecasts.pop(workflow, None)
+        self.model.terminate(workflow)
 
     @precondition(lambda self: self.active)
     @rule(
@@ -212,7 +354,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         refreshed = self.kv.on_forecast(workflow, rows, AGENTS)
         if self.kv.policy.uses_forecasts:
             assert refreshed == len(self.kv.scores.nodes_of(workflow))
-            self.forecasts[workflow] = rows
+            self.model.forecast(workflow, rows)
         else:
             assert refreshed == 0
 
@@ -296,7 +438,9 @@ class KVManagerMachine(RuleBasedStateMachine):
         assert s.prefetch_used_blocks + s.prefetch_wasted_blocks <= s.prefetch_issued_blocks
 
     @invariant()
-    def scores_match_forecasts(self):
+    def scores_match_the_model(self):
+        """Every node's score is Eq. 2 plus the tail and the history blend, from the
+        model's call shares, miss rate and evidence (within float rounding)."""
         for node in self.kv.tree.nodes():
             assert set(node.accessors) <= self.active
             if node.accessors:
@@ -305,28 +449,23 @@ class KVManagerMachine(RuleBasedStateMachine):
                 assert node.score == 0.0
             if not self.kv.policy.uses_forecasts:
                 continue
-            expected = sum(
-                _weight(self.forecasts[w], a)
-                for w, agents in node.accessors.items()
-                if w in self.forecasts
-                for a in agents
-            )
-            assert abs(node.score - expected) < 1e-9, (node, expected)
+            expected = self.model.score(node)
+            assert abs(node.score - expected) <= 1e-9 * max(1.0, abs(expected)), (node, expected)
+
+    @invariant()
+    def tail_state_matches_the_model(self):
+        """What ``on_agent_invoked`` keeps: the miss rate and the history evidence (the
+        board's and each active workflow's mixture weight)."""
+        scores = self.kv.scores
+        assert abs(scores.miss_rate - self.model.miss_rate) <= 1e-12
+        assert abs(scores.history_evidence - self.model.board_evidence) <= 1e-9
+        for w in self.active:
+            assert abs(scores.history_weight(w) - self.model.history_weight(w)) <= 1e-9, w
 
 
 def _parent_ready(load):
     parent = load.nodes[0].parent
     return parent is None or parent.is_root or parent.on_gpu
-
-
-def _weight(forecast, agent):
-    """``u_w[a] = sum_k gamma^(k-1) s^(k) P^(k)[a]``, computed step by step."""
-    col = AGENTS.index(agent)
-    total, alive = 0.0, 1.0
-    for k, row in enumerate(forecast):
-        total += GAMMA**k * alive * row[col]
-        alive *= 1.0 - row[-1]
-    return total
 
 
 SOAK = os.environ.get("HYPOTHESIS_PROFILE") == "soak"
