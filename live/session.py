@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import numbers
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import trio
 
@@ -35,7 +36,7 @@ from pbkv.actors.events import (
 )
 from pbkv.actors.kvmanager import KVManagerActor
 from pbkv.actors.predictor import PredictorActor, learns_agents
-from pbkv.actors.workload import Segment
+from pbkv.actors.workload import Segment, SegmentKind
 from pbkv.engines.base import GREEDY, Engine, EngineError, GenerateResult, Sampling
 from pbkv.kvmanager import KVManager, KVStatistics
 from pbkv.live.chat import ChatFormat, IncrementalDecoder
@@ -401,6 +402,7 @@ class WorkflowSession:
         self.start_s = now_s()
         self.end_s = math.nan
         self._steps = itertools.count()
+        self._calls = itertools.count()  # invocation ids: two calls never share one
         self._agents: dict[str, None] = {}
 
     @property
@@ -445,7 +447,8 @@ class WorkflowSession:
                 end a request early (``trtllm``) never call it.
 
         Raises:
-            ValueError / TypeError: bad arguments; ``PromptTooLong`` past the context.
+            ValueError / TypeError: bad arguments (named), checked before anything
+                reaches the engine; ``PromptTooLong`` past the context.
             WorkflowEnded: the session has ended.
             Overloaded: too many calls in flight in the runtime.
             CallFailed: the engine failed the request (an ``EngineError``).
@@ -494,6 +497,7 @@ class WorkflowSession:
             raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        _check_options(sampling, simulated, context_tail, step, until)
         segments = self._segments(prompt)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         if prompt_tokens == 0:
@@ -552,8 +556,93 @@ class WorkflowSession:
         if not isinstance(prompt, Sequence) or not prompt:
             raise ValueError("prompt must be non-empty messages, segments or text")
         if all(isinstance(p, Segment) for p in prompt):
-            return tuple(prompt)  # type: ignore[arg-type]
+            return tuple(_checked_segment(i, p) for i, p in enumerate(prompt))
         return chat.segments(prompt)  # type: ignore[arg-type]
+
+
+_SEGMENT_KINDS: tuple[str, ...] = get_args(SegmentKind)
+
+
+def _check_options(
+    sampling: object, simulated: object, context_tail: object, step: object, until: object
+) -> None:
+    """Refuse a call's options of the wrong type or range, naming the argument.
+
+    Raises:
+        TypeError / ValueError: the first bad one.
+    """
+    if not isinstance(sampling, Sampling):
+        raise TypeError(
+            f"sampling must be a pbkv.Sampling (e.g. pbkv.Sampling(temperature=0.7)), "
+            f"got {type(sampling).__name__}"
+        )
+    if simulated is not None:
+        _check_simulated(simulated)
+    if not isinstance(context_tail, str):
+        raise TypeError(f"context_tail must be a str, got {type(context_tail).__name__}")
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int or None, got {step!r}")
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+    if until is not None and not callable(until):
+        raise TypeError(f"until must be callable or None, got {type(until).__name__}")
+
+
+def _check_simulated(simulated: object) -> None:
+    """Refuse a ``simulated`` reply that is not a well-formed :class:`Simulated`."""
+    if not isinstance(simulated, Simulated):
+        raise TypeError(
+            f"simulated must be a pbkv.Simulated or None, got {type(simulated).__name__}"
+        )
+    if not isinstance(simulated.text, str):
+        raise TypeError(f"simulated.text must be a str, got {type(simulated.text).__name__}")
+    tokens = simulated.output_tokens
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise TypeError(f"simulated.output_tokens must be an int, got {tokens!r}")
+    if tokens < 0:
+        raise ValueError(f"simulated.output_tokens must be >= 0, got {tokens}")
+    gap_s = simulated.gap_s
+    if isinstance(gap_s, bool) or not isinstance(gap_s, numbers.Real):
+        raise TypeError(f"simulated.gap_s must be a number of seconds, got {gap_s!r}")
+    if not 0 <= gap_s < math.inf:
+        raise ValueError(f"simulated.gap_s must be finite and >= 0, got {gap_s}")
+    if simulated.token_ids is not None:
+        _checked_token_ids("simulated.token_ids", simulated.token_ids)
+
+
+def _checked_segment(index: int, segment: Any) -> Segment:
+    """Return a caller's prompt segment with its ids as a tuple of ints, or refuse it."""
+    if segment.kind not in _SEGMENT_KINDS:
+        raise ValueError(
+            f"prompt[{index}].kind must be one of {_SEGMENT_KINDS}, got {segment.kind!r}"
+        )
+    ids = _checked_token_ids(f"prompt[{index}].token_ids", segment.token_ids)
+    return segment if ids is segment.token_ids else Segment(segment.kind, ids)
+
+
+def _checked_token_ids(name: str, ids: Iterable[int]) -> tuple[int, ...]:
+    """Return ``ids`` as a tuple of token ids (Python ints), or refuse them naming ``name``.
+
+    A tuple of ints is returned as it is (no copy); lists and numpy integers are converted.
+
+    Raises:
+        TypeError: ``ids`` is text, a mapping or not iterable, or holds a non-integer
+            (a ``bool`` included); the first such position is named.
+        ValueError: an id is negative.
+    """
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {type(ids).__name__}")
+    checked = ids if type(ids) is tuple else tuple(ids)
+    if not all(type(t) is int for t in checked):
+        for i, t in enumerate(checked):
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise TypeError(f"{name}[{i}] must be an int token id, got {t!r}")
+        checked = tuple(int(t) for t in checked)
+    if checked and min(checked) < 0:
+        i = next(i for i, t in enumerate(checked) if t < 0)
+        raise ValueError(f"{name}[{i}] must be >= 0, got {checked[i]}")
+    return checked
 
 
 def scripted_output(
@@ -566,12 +655,13 @@ def scripted_output(
     end-of-turn marker.
 
     Raises:
-        ValueError: ``simulated.token_ids`` is empty.
+        ValueError / TypeError: ``simulated.token_ids`` is empty or not token ids.
     """
     if simulated is not None and simulated.token_ids is not None:
-        if not simulated.token_ids:
+        ids = _checked_token_ids("simulated.token_ids", simulated.token_ids)
+        if not ids:
             raise ValueError("simulated.token_ids must not be empty")
-        return tuple(simulated.token_ids)
+        return ids
     text = simulated.text if simulated is not None else ""
     wanted = simulated.output_tokens if simulated is not None else max_new_tokens
     body = chat.encode(text) if text else ()
@@ -705,7 +795,8 @@ class ReplyStream:
         session, rt = self.session, self.session.runtime
         self.step = next(session._steps) if self._retry_step is None else self._retry_step
         session._agents.setdefault(self.agent, None)
-        self._invocation = f"{session.workflow_id}/{self.step}"
+        # unique per call: two calls given one ``step`` (retries at once) are cancelled apart
+        self._invocation = f"{session.workflow_id}/{self.step}#{next(session._calls)}"
         self._agent_ref = await rt._agent(self.agent)
         try:
             await self._invoke(session, rt, self._agent_ref)

@@ -4,6 +4,7 @@ import contextlib
 import threading
 import time
 
+import numpy as np
 import pytest
 import trio
 import trio.testing
@@ -16,6 +17,7 @@ from pbkv.actors.events import (
     WorkflowStarted,
     WorkflowTerminated,
 )
+from pbkv.actors.workload import Segment
 from pbkv.engines.base import GenerateRequest
 from pbkv.runtime import EventRecorder, read_events
 
@@ -338,4 +340,93 @@ async def test_a_fault_in_the_agent_actor_fails_that_call_alone(autojump_clock, 
     assert list(failures) == ["w3"] and not failures["w3"].retryable
     assert str(failures["w3"]) == "coder (step 0): agent coder: RuntimeError: injected fault"
     assert (agent.failures, agent.restarts) == (0, 0)
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "message"),
+    [
+        (
+            {"sampling": {"temperature": 0.5}},
+            TypeError,
+            r"sampling must be a pbkv.Sampling \(e.g. .*\), got dict",
+        ),
+        ({"prompt": [Segment("context", "abc")]}, TypeError, r"prompt\[0\].token_ids must be"),
+        ({"prompt": [Segment("context", ("1", 2))]}, TypeError, r"prompt\[0\].token_ids\[0\]"),
+        (
+            {"prompt": [Segment("role", (1,)), Segment("context", (2, True))]},
+            TypeError,
+            r"prompt\[1\].token_ids\[1\]",
+        ),
+        (
+            {"prompt": [Segment("context", (5, -1))]},
+            ValueError,
+            r"prompt\[0\].token_ids\[1\] must be >= 0, got -1",
+        ),
+        ({"prompt": [Segment("ctx", (1, 2))]}, ValueError, r"prompt\[0\].kind must be one of"),
+        ({"simulated": "text"}, TypeError, "simulated must be a pbkv.Simulated or None, got str"),
+        ({"simulated": pbkv.Simulated(token_ids="abc")}, TypeError, "simulated.token_ids must be"),
+        (
+            {"simulated": pbkv.Simulated(output_tokens="5")},
+            TypeError,
+            "simulated.output_tokens must be an int",
+        ),
+        (
+            {"simulated": pbkv.Simulated(gap_s=-1.0)},
+            ValueError,
+            "simulated.gap_s must be finite and >= 0",
+        ),
+        ({"simulated": pbkv.Simulated(text=3)}, TypeError, "simulated.text must be a str"),
+        ({"step": "3"}, TypeError, "step must be an int or None, got '3'"),
+        ({"step": -1}, ValueError, "step must be >= 0, got -1"),
+        ({"until": 3}, TypeError, "until must be callable or None, got int"),
+        ({"context_tail": 3}, TypeError, "context_tail must be a str, got int"),
+    ],
+)
+async def test_bad_call_arguments_are_refused_naming_the_argument(
+    autojump_clock, arguments, error, message
+):
+    """Misuse is refused before anything reaches the engine (which failed deep inside)."""
+    async with pbkv.open_runtime(sim()) as rt, rt.workflow() as wf:
+        arguments = {"prompt": chat("x"), **arguments}
+        with pytest.raises(error, match=message):
+            await wf.call("a", arguments.pop("prompt"), max_new_tokens=4, **arguments)
+        stats = rt.statistics()
+    assert (stats.kv.requests, stats.calls_in_flight) == (0, 0)
+
+
+async def test_token_ids_as_a_list_or_numpy_ints_are_accepted(autojump_clock):
+    ids = np.arange(1, 40)
+    async with pbkv.open_runtime(sim()) as rt, rt.workflow() as wf:
+        listed = await wf.call("a", [Segment("context", list(range(1, 40)))], max_new_tokens=4)
+        arrayed = await wf.call(
+            "a",
+            [Segment("context", tuple(ids))],
+            max_new_tokens=4,
+            simulated=pbkv.Simulated(token_ids=tuple(np.arange(5, 9))),
+        )
+    assert listed.prompt_tokens == arrayed.prompt_tokens == 39
+    assert arrayed.token_ids == (5, 6, 7, 8) and arrayed.cached_tokens == 32
+    assert all(type(t) is int for t in arrayed.token_ids)
+
+
+async def test_concurrent_calls_given_the_same_step_are_cancelled_apart(autojump_clock):
+    """Two calls retrying one step at once: cancelling one leaves the other running."""
+    async with pbkv.open_runtime(sim()) as rt, rt.workflow() as wf:
+        replies = []
+
+        async def first() -> None:
+            with trio.move_on_after(0.01):  # far less than 256 decode steps
+                await wf.call("a", chat("first"), step=0)
+
+        async def second() -> None:
+            replies.append(await wf.call("a", chat("second"), step=0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await trio.sleep(0.001)  # the second reaches the agent after the first
+            nursery.start_soon(second)
+        await trio.sleep(5)  # let the engine settle the withdrawn request
+        stats = rt.statistics()
+    assert [(r.step, len(r.token_ids)) for r in replies] == [(0, 256)]
     assert (stats.calls_in_flight, stats.leases) == (0, 0)
