@@ -430,3 +430,25 @@ async def test_concurrent_calls_given_the_same_step_are_cancelled_apart(autojump
         stats = rt.statistics()
     assert [(r.step, len(r.token_ids)) for r in replies] == [(0, 256)]
     assert (stats.calls_in_flight, stats.leases) == (0, 0)
+
+
+async def test_torch_an_until_that_raises_fails_its_own_call_alone():
+    config = pbkv.RuntimeConfig(engine="torch", check_integrity=True, host_kv_tokens=0)
+
+    def faulty(token: int) -> bool:
+        raise ZeroDivisionError("stop check failed")
+
+    async with pbkv.open_runtime(config) as rt, rt.workflow() as wf:
+        replies = []
+
+        async def good() -> None:
+            replies.append(await wf.call("w", chat("Write a poem."), max_new_tokens=12))
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(good)
+                with pytest.raises(ZeroDivisionError, match="stop check failed"):
+                    await wf.call("w", chat("Write a story."), max_new_tokens=12, until=faulty)
+        assert [len(r.token_ids) for r in replies] == [12]
+        assert rt.system.statistics()["engine"].restarts == 0
+        assert rt.statistics().leases == 0
