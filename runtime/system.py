@@ -297,7 +297,9 @@ async def open_actor_system() -> AsyncIterator[ActorSystem]:
     On a normal exit every actor drains its mailbox and runs ``on_stop``, dependents before
     their dependencies. When a supervisor gives up on an actor (``escalate``, or the restart
     budget is spent), the whole system is cancelled and ``ActorFailed`` is raised from the
-    ``async with`` block; actors cancelled that way do not run ``on_stop``.
+    ``async with`` block; actors cancelled that way do not run ``on_stop``. An actor
+    cancelled (that way, or by a scope around the block) refuses every later send with
+    ``ActorStopped``; what it had queued is discarded.
 
     Yields:
         The actor system.
