@@ -148,8 +148,8 @@ class Scheduler(Protocol):
     """Whether the engine should cap each step's prefill at what the decode batch's
     compute slack carries (stall-free batching) instead of its fixed chunk size, and
     commit each chunk as it lands. The sim engine sizes that slack with its cost model,
-    the torch engine with its measured step costs (prefill tokens per decode forward's
-    time)."""
+    the torch engine with its measured step costs (a decode forward's time over a
+    prefill token's marginal time)."""
 
     def admit(
         self,

@@ -19,7 +19,7 @@ and prefill is chunked so a long prompt does not stall the decodes.
 
 A scheduler that asks for ``balanced_prefill`` (``workflow``, ``fcfs-balanced``) gets
 the sim engine's stall-free batches: while requests decode, a step carries only the
-prefill tokens the engine computes in one decode forward's time (measured,
+prefill tokens whose marginal time fills one decode forward's (measured,
 :class:`~pbkv.engines.torchengine.stepcost.StepCosts`), not the full chunk, and each
 chunk's full blocks are committed as they land. Every step's prefill and decode
 seconds feed :attr:`prefill_share`, which the ``workflow`` scheduler's hold-back reads.
@@ -362,8 +362,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         """Return this step's prefill token budget, shared by the prefilling requests.
 
         ``max_prefill_tokens``, or, for a scheduler that asks for ``balanced_prefill``
-        while requests decode, the tokens the engine prefills in one decode forward's
-        time (:meth:`StepCosts.prefill_slack_tokens`, at least one block; one block
+        while requests decode, the tokens whose marginal prefill time fills one decode
+        forward's (:meth:`StepCosts.prefill_slack_tokens`, at least one block; one block
         until both are measured), as the sim engine's ``_prefill_budget`` does with its
         cost model: a full chunk holds every decoding request to one token per long
         step.
