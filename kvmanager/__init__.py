@@ -14,12 +14,13 @@ from pbkv.kvmanager.manager import Admission, AdmitRequest, BaselineInputs, KVCo
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import POLICIES, Policy, get_policy
 from pbkv.kvmanager.prefetch import Prefetcher
-from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree
+from pbkv.kvmanager.radix import HOST_TIERS, Lease, LoadTransfer, MatchResult, RadixTree
 from pbkv.kvmanager.scoring import ScoreBoard, agent_weights, validate_forecast
 from pbkv.kvmanager.stats import KVStatistics
 from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 __all__ = [
+    "HOST_TIERS",
     "POLICIES",
     "AccessLog",
     "Admission",

@@ -44,6 +44,9 @@ class KVConfig:
             call shares (:func:`~pbkv.kvmanager.scoring.agent_weights`), so a weak or
             short forecast degrades toward recency instead of zero weight.
         bandwidth_bytes_per_s: host-to-GPU bandwidth, for the prefetch budget ``S_bw``.
+        host_tier: the host-tier model, ``exclusive`` (TensorRT-LLM: offload on GPU
+            eviction) or ``write-through`` (SGLang HiCache's default); see
+            :mod:`pbkv.kvmanager.radix`.
     """
 
     block_size: int
@@ -55,6 +58,7 @@ class KVConfig:
     gamma: float = 0.8
     bandwidth_bytes_per_s: float = 0.0
     beyond_horizon: bool = True
+    host_tier: str = "exclusive"
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +226,7 @@ class KVManager:
             host_capacity_blocks=config.host_capacity_blocks,
             priority=self.policy.priority,
             clock=clock,
+            host_tier=config.host_tier,
         )
         self.scores = ScoreBoard(
             self.tree.reprioritize,

@@ -11,6 +11,13 @@ Residency rules kept by construction:
 * GPU eviction takes only nodes with no GPU child; it *demotes* to the host tier
   (copying if the host holds no copy yet) when the host has room, else drops.
 * Host eviction takes only nodes with no host-resident child (the host-leaf rule).
+* The host tier follows one of two models (:data:`HOST_TIERS`). ``exclusive``
+  (TensorRT-LLM's offload on eviction): a block is copied to the host when the GPU evicts
+  it. ``write-through`` (SGLang HiCache's default, ``hicache_write_policy=
+  "write_through"``, ``hiradix_cache.py``): a block is copied to the host as it is
+  stored on the GPU (when the host has room), GPU eviction keeps the host copy (free) or
+  drops a block that has none, and host eviction takes only blocks no longer on the GPU;
+  the host's capacity counts the copies.
 * A node with no copy in any tier is removed with its subtree, so a partly evicted
   chain is never matched past the gap.
 * Leased nodes (requests, in-flight copies) are never evicted; a lease locks the path
@@ -26,6 +33,9 @@ from dataclasses import dataclass
 from pbkv.kvmanager.blocks import BlockPool
 from pbkv.kvmanager.eviction import EvictionIndex, Priority
 from pbkv.kvmanager.node import Node, Tier
+
+HOST_TIERS = ("exclusive", "write-through")
+"""The host-tier models, named by the system each follows (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +95,7 @@ class TreeCounters:
     d2h_blocks: int = 0
     h2d_blocks: int = 0
     prefetch_wasted_blocks: int = 0
+    written_through_blocks: int = 0
 
 
 @dataclass(slots=True)
@@ -95,11 +106,12 @@ class TreeHooks:
         on_split / on_remove: keep the score board's per-workflow node sets exact.
         on_insert: ``(leaf)``: a new node was added under ``leaf.parent`` (queued
             requests' walks that stopped there may now go further).
-        on_demote: ``(node, gpu_blocks, host_blocks)``: a GPU copy is being demoted into
-            newly allocated host blocks; an owned-cache engine copies device → host here.
-            Called before the GPU blocks are freed: they may be reallocated as soon as it
-            returns, so the copy must be done, or ordered before any reuse, by then. Not
-            called when the node already has a host copy, nor when it is dropped.
+        on_demote: ``(node, gpu_blocks, host_blocks)``: a GPU copy is being copied into
+            newly allocated host blocks (demoted, or written through); an owned-cache
+            engine copies device → host here. Called before the GPU blocks may be freed:
+            they may be reallocated as soon as it returns, so the copy must be done, or
+            ordered before any reuse, by then. Not called when the node already has a
+            host copy, nor when it is dropped.
     """
 
     on_split: Callable[[Node, Node], None] = lambda old, top: None
@@ -119,9 +131,10 @@ class RadixTree:
         priority: the eviction policy's key (smallest evicted first), used for both tiers.
         clock: returns the current time in seconds (``runtime.clock.now_s`` in the actor
             shell; any monotonic function in tests).
+        host_tier: ``exclusive`` or ``write-through`` (:data:`HOST_TIERS`).
 
     Raises:
-        ValueError: non-positive block size or negative capacity.
+        ValueError: non-positive block size, negative capacity, unknown host tier.
     """
 
     def __init__(
@@ -132,9 +145,13 @@ class RadixTree:
         host_capacity_blocks: int,
         priority: Callable[[Node], Priority],
         clock: Callable[[], float],
+        host_tier: str = "exclusive",
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be > 0, got {block_size}")
+        if host_tier not in HOST_TIERS:
+            raise ValueError(f"unknown host tier {host_tier!r}; known: {', '.join(HOST_TIERS)}")
+        self.write_through = host_tier == "write-through"
         self.block_size = block_size
         self.gpu = BlockPool(gpu_capacity_blocks)
         self.host = BlockPool(host_capacity_blocks)
@@ -435,6 +452,7 @@ class RadixTree:
         known = len(path)
         while i < len(keys):
             child = node.children.get(keys[i])
+            fresh = child is None
             if child is None:
                 if i < skip:
                     raise ValueError(f"block {i} of the sequence is not cached; cannot skip it")
@@ -453,6 +471,8 @@ class RadixTree:
                 i += common
             child.last_access_s = now
             self.reprioritize(child)
+            if fresh and self.write_through:
+                self._write_through(child)
             path.append(child)
             node = child
         gpu += sum(len(n.keys) for n in path[known:] if n.gpu_blocks is not None)
@@ -594,12 +614,8 @@ class RadixTree:
         if node.prefetched:
             self.counters.prefetch_wasted_blocks += n
             node.prefetched = False
-        if not node.on_host and self._make_host_room(n, self._priority(node)):
-            node.host_blocks = self.host.allocate(n)
-            _count_child(node, "host", +1)
-            self._cached["host"] += n
-            self.counters.d2h_blocks += n
-            self.hooks.on_demote(node, blocks, node.host_blocks)
+        if not node.on_host and not self.write_through:
+            self._copy_to_host(node)
         if node.on_host:
             self.counters.demoted_blocks += n
             self._release(node, "gpu")
@@ -607,6 +623,28 @@ class RadixTree:
         else:
             self._drop(node)
         return n
+
+    def _copy_to_host(self, node: Node) -> bool:
+        """Give GPU-resident ``node`` a host copy if the host has (or can make) room below
+        its priority; return whether it has one now."""
+        blocks = node.gpu_blocks
+        assert blocks is not None
+        n = len(blocks)
+        if not self._make_host_room(n, self._priority(node)):
+            return False
+        node.host_blocks = self.host.allocate(n)
+        _count_child(node, "host", +1)
+        self._cached["host"] += n
+        if node.lock_count:
+            self._leased["host"] += n
+        self.counters.d2h_blocks += n
+        self.hooks.on_demote(node, blocks, node.host_blocks)
+        return True
+
+    def _write_through(self, node: Node) -> None:
+        """Write a newly stored GPU node through to the host (HiCache ``write_backup``)."""
+        if node.host_blocks is None and self.host.capacity_blocks and self._copy_to_host(node):
+            self.counters.written_through_blocks += node.num_blocks
 
     def _make_host_room(self, n: int, ceiling: Priority) -> bool:
         if self.host.capacity_blocks < n:
@@ -791,7 +829,13 @@ class RadixTree:
         return node.gpu_blocks is not None and node.lock_count == 0 and not node.gpu_children
 
     def _host_candidate(self, node: Node) -> bool:
-        return node.host_blocks is not None and node.lock_count == 0 and not node.host_children
+        # write-through: only blocks no longer on the GPU leave the host (HiCache evict_host)
+        return (
+            node.host_blocks is not None
+            and node.lock_count == 0
+            and not node.host_children
+            and not (self.write_through and node.gpu_blocks is not None)
+        )
 
     def _pool(self, tier: Tier) -> BlockPool:
         return self.gpu if tier == "gpu" else self.host

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pbkv.kvmanager import AccessLog, KVConfig, KVManager, get_policy
+from pbkv.kvmanager import HOST_TIERS, AccessLog, KVConfig, KVManager, get_policy
 from pbkv.live.chat import ChatFormat, smollm2_chat
 from pbkv.live.session import Runtime, serve_runtime
 from pbkv.predictor.base import Forecaster
@@ -27,6 +27,10 @@ SIM_CONTEXT_TOKENS = 32_768
 DEFAULT_SCHEDULERS: dict[str, str] = {"pbkv": "workflow", "pbkv-aggressive": "workflow"}
 """Each policy's scheduler when none is named; every other policy runs ``fcfs`` (what
 SGLang users get), so eviction and admission gains are measured apart."""
+
+DEFAULT_HOST_TIER = "write-through"
+"""The host tier of SGLang HiCache (``hicache_write_policy="write_through"``), the system
+the paper and our ``lru`` row stand for; TensorRT-LLM's rows use ``exclusive``."""
 
 ONLINE_PREDICTOR = "online"
 NO_PREDICTOR = "none"
@@ -79,6 +83,9 @@ class RuntimeConfig:
         seed: the tiny model's initialisation seed, and the sim's task-order seed.
         scheduler: admission scheduler (``fcfs``, ``lpm``, ``workflow``, ...); ``None`` =
             the policy's own (:func:`default_scheduler`: ``workflow`` for ``pbkv``).
+        host_tier: the host tier's model: ``write-through`` (SGLang HiCache's default,
+            the paper's baseline system: the host holds a copy of what is on the GPU) or
+            ``exclusive`` (TensorRT-LLM: a block is offloaded when the GPU evicts it).
         predictor: ``online`` (learns each app's agent chain as workflows end; no
             training), ``none`` (no forecasts: score policies rank as ``lae``), or
             ``None`` = the policy's own (:func:`default_predictor`). Trained models
@@ -105,6 +112,7 @@ class RuntimeConfig:
     seed: int = 0
     scheduler: str | None = None
     predictor: str | None = None
+    host_tier: str = DEFAULT_HOST_TIER
 
     def __post_init__(self) -> None:
         from pbkv.engines.scheduler import get_scheduler
@@ -113,6 +121,10 @@ class RuntimeConfig:
             raise ValueError(f"unknown engine {self.engine!r}; known engines: {', '.join(ENGINES)}")
         get_policy(self.policy)
         get_scheduler(self.resolved_scheduler)
+        if self.host_tier not in HOST_TIERS:
+            raise ValueError(
+                f"unknown host tier {self.host_tier!r}; known: {', '.join(HOST_TIERS)}"
+            )
         if self.resolved_predictor not in (ONLINE_PREDICTOR, NO_PREDICTOR):
             raise ValueError(
                 f"unknown predictor {self.predictor!r}; known: {ONLINE_PREDICTOR}, "
@@ -221,6 +233,7 @@ def _build_sim(config: RuntimeConfig, baseline: Any, access_log: AccessLog | Non
             horizon=config.horizon,
             gamma=config.gamma,
             bandwidth_bytes_per_s=cost.bandwidth_bytes_per_s,
+            host_tier=config.host_tier,
         ),
         now_s,
         baseline,
@@ -254,6 +267,7 @@ def _build_torch(
         horizon=config.horizon,
         gamma=config.gamma,
     )
+    kv_config = replace(kv_config, host_tier=config.host_tier)
     kv = KVManager(kv_config, now_s, baseline, access_log=access_log)
     engine = TorchEngine(
         kv,

@@ -116,6 +116,14 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="host tier in tokens (default: 2x the GPU tier, as SGLang HiCache)",
     )
+    p.add_argument(
+        "--host-tier",
+        choices=("write-through", "exclusive"),
+        default=d.host_tier,
+        help="host tier model: write-through (default; SGLang HiCache, the paper's "
+        "baseline: the host keeps a copy of what is on the GPU) or exclusive "
+        "(TensorRT-LLM: a block is offloaded when the GPU evicts it)",
+    )
     p.add_argument("--seed", type=int, default=d.seed, help="random seed")
     p.add_argument(
         "--predictor",
@@ -180,6 +188,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         concurrency=args.concurrency,
         gpu_kv_tokens=args.gpu_kv_tokens,
         host_kv_tokens=args.host_kv_tokens,
+        host_tier=args.host_tier,
         seed=args.seed,
         predictor=args.predictor,
         train_workflows=args.train_workflows,
@@ -249,10 +258,13 @@ def _check_writable(path: str | None) -> None:
         target.unlink()
 
 
-def _title(config, gpu_tokens: int) -> str:
+def _title(config, gpu_tokens: int, engine: str = "sim") -> str:
+    host = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu_tokens
+    model = "exclusive" if engine == "trtllm-sim" else config.host_tier
     return (
         f"{config.app}: {config.workflows} workflows, concurrency {config.concurrency}, "
-        f"GPU KV {gpu_tokens:,} tokens, {config.hardware} x {config.model} (simulated seconds)"
+        f"GPU KV {gpu_tokens:,} tokens, host {host:,} ({model}), {config.hardware} x "
+        f"{config.model} (simulated seconds)"
     )
 
 
@@ -282,7 +294,7 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     colour = "yellow" if run.gpu_kv_capped else "dim"
     console.print(f"[{colour}]note:[/{colour}] {gpu_tier_note(run, config)}")
     console.print(
-        comparison_table(run.results, _title(config, run.gpu_kv_tokens), bounds=run.bounds)
+        comparison_table(run.results, _title(config, run.gpu_kv_tokens, engine), bounds=run.bounds)
     )
     if engine == "trtllm-sim":
         for line in steering_summary(run.results, runs):

@@ -35,6 +35,7 @@ from pbkv.kvmanager import (
     min_hits,
 )
 from pbkv.live.build import (
+    DEFAULT_HOST_TIER,
     NO_PREDICTOR,
     ONLINE_PREDICTOR,
     RuntimeConfig,
@@ -70,7 +71,10 @@ class BenchConfig:
         gpu_kv_tokens: GPU KV capacity in tokens; ``None`` = half the workload's
             concurrent working set (so the tier is under pressure), capped by the profile.
         host_kv_tokens: host tier capacity in tokens; ``None`` = 2 × the GPU tier
-            (SGLang HiCache's default host-to-device ratio).
+            (SGLang HiCache's default host-to-device ratio, ``hicache_ratio=2``).
+        host_tier: ``write-through`` (SGLang HiCache's default: the host keeps a copy
+            of what is on the GPU, so it adds about ``host - GPU`` distinct tokens) or
+            ``exclusive`` (TensorRT-LLM: offload on GPU eviction).
         seed: workload and scheduler seed.
         predictor: forecaster name for score-based policies: ``online`` (what
             ``open_runtime`` and ``pbkv serve`` run: learns as the row runs, warm-started
@@ -113,6 +117,7 @@ class BenchConfig:
     check_integrity: bool = False
     scheduler: str | None = None
     open_loop: bool = False
+    host_tier: str = DEFAULT_HOST_TIER
 
 
 END_REASONS = ("end", "recursion_limit", "error", "aborted")
@@ -256,6 +261,7 @@ def runtime_config(
         gamma=config.gamma,
         seed=config.seed,
         predictor=ONLINE_PREDICTOR if config.predictor == ONLINE_PREDICTOR else NO_PREDICTOR,
+        host_tier=config.host_tier,
     )
 
 
