@@ -371,20 +371,21 @@ class OpenAIApp:
             http=self.http,
         )
 
-    async def drain(self, timeout_s: float) -> None:
+    async def drain(self, timeout_s: float, hurry: trio.Event | None = None) -> None:
         """Stop taking generation requests and let those in flight finish.
 
         From now on a new completion request (and ``/health``) gets 503 with
-        ``Retry-After``; the requests in flight have ``timeout_s`` to finish. Those still
-        running then are cancelled (their engine requests withdrawn) and answered 503
-        ``shutting_down``: a stream gets an error event and ``data: [DONE]``. Returns
-        once no completion is in flight (or a second later, whatever a client does).
+        ``Retry-After``; the requests in flight have ``timeout_s`` to finish, or until
+        ``hurry`` is set (a second Ctrl-C). Those still running then are cancelled (their
+        engine requests withdrawn) and answered 503 ``shutting_down``: a stream gets an
+        error event and ``data: [DONE]``. Returns once no completion is in flight (or a
+        second later, whatever a client does).
 
         Mutates: ``draining``.
         """
         self.draining = True
         with trio.move_on_after(timeout_s):
-            while self._generating:
+            while self._generating and not (hurry is not None and hurry.is_set()):
                 await trio.sleep(0.05)
         if not self._generating:
             return

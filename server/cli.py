@@ -3,14 +3,19 @@
 Startup errors (an unknown model, an address that cannot be bound) leave the trio
 nursery as an exception group; :func:`run` unwraps one whose errors are all
 ``ValueError`` / ``OSError`` into one error naming the option, which :func:`pbkv.cli.main`
-prints on one line (exit status 2). SIGINT or SIGTERM drains the server (see
-:meth:`pbkv.server.app.OpenAIApp.drain`); a second signal stops it at once.
+prints on one line (exit status 2). SIGINT or SIGTERM drains the server and ends its open
+workflows (:func:`pbkv.server.serve.shut_down`); a second signal cuts the requests still
+running at once, each answered with an error (a stream: an error event and ``[DONE]``);
+a third stops without waiting for their answers. A signal while starting stops the start.
+Ctrl-C never prints a traceback: outside the server's own handling it ends the command
+with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import math
 import socket
 from typing import Any
 
@@ -20,6 +25,23 @@ def _api_key(text: str) -> tuple[str, str]:
     if not sep or not key or not tenant or "/" in tenant:
         raise argparse.ArgumentTypeError(f"expected KEY=TENANT (tenant without '/'), got {text!r}")
     return key, tenant
+
+
+class _APIKeys(argparse.Action):
+    """Collect ``--api-key KEY=TENANT`` options; one key names one tenant (several keys
+    may name the same tenant), so a key given again with another tenant is an error."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, value: Any, option: Any = None
+    ) -> None:
+        keys = list(getattr(namespace, self.dest) or [])
+        key, tenant = value
+        earlier = dict(keys).get(key)
+        if earlier is not None and earlier != tenant:
+            raise argparse.ArgumentError(
+                self, f"key {key!r} given twice, for tenants {earlier!r} and {tenant!r}"
+            )
+        setattr(namespace, self.dest, [*keys, value])
 
 
 def _port(text: str) -> int:
@@ -41,11 +63,18 @@ def _tokens(minimum: int, rule: str) -> Any:
     return parse
 
 
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+def _seconds(minimum: float) -> Any:
+    """Return an argparse type: a finite number of seconds, at least ``minimum``."""
+
+    def parse(text: str) -> float:
+        value = float(text)
+        if not (math.isfinite(value) and value >= minimum):  # NaN fails both
+            raise argparse.ArgumentTypeError(
+                f"must be a finite number of seconds >= {minimum:g}, got {text}"
+            )
+        return value
+
+    return parse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,19 +99,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free port)")
     p.add_argument(
         "--idle-timeout-s",
-        type=float,
+        type=_seconds(1.0),
         default=300.0,
-        help="a workflow never marked final ends after this long idle",
+        help="a workflow never marked final ends after this long idle (>= 1)",
     )
     p.add_argument(
         "--api-key",
         dest="api_keys",
         type=_api_key,
-        action="append",
+        action=_APIKeys,
         default=None,
         metavar="KEY=TENANT",
-        help="accept this API key as this tenant (repeatable); without any, every key is "
-        "accepted and tenants come from cache_salt",
+        help="accept this API key as this tenant (repeatable: several keys may name one "
+        "tenant, a key names one tenant); without any, every key is accepted and tenants "
+        "come from cache_salt",
+    )
+    p.add_argument(
+        "--admin-key",
+        default=None,
+        metavar="KEY",
+        help="this key's GET /stats lists every tenant's workflows (another key's lists "
+        "its tenant's); it is accepted on /stats only",
+    )
+    p.add_argument(
+        "--max-workflows",
+        type=_tokens(1, ">= 1"),
+        default=4096,
+        help="open hinted workflows at most; past it the tenant holding the most ends its "
+        "least recently used idle one (none idle: 429)",
+    )
+    p.add_argument(
+        "--max-workflows-per-tenant",
+        type=_tokens(1, ">= 1"),
+        default=1024,
+        help="open hinted workflows of one tenant at most; past it that tenant's least "
+        "recently used idle one ends (none idle: 429)",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=_seconds(1.0),
+        default=30.0,
+        help="a request body not received whole within this long is refused (408)",
     )
     p.add_argument(
         "--gpu-kv-tokens",
@@ -108,9 +165,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--graceful-timeout-s",
-        type=_seconds,
+        type=_seconds(0.0),
         default=5.0,
-        help="at SIGINT/SIGTERM, how long requests in flight may finish (new ones get 503)",
+        help="at SIGINT/SIGTERM, how long requests in flight may finish (new ones get 503); "
+        "a second signal cuts them at once, each answered with an error",
+    )
+    p.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="for fault tests only: a request with the header 'X-PBKV-Inject-Fault: until' "
+        "gets a stop callback that raises at its first token",
     )
 
 
@@ -137,18 +201,39 @@ def forecasters(name: str, traces: str | None, checkpoint: str | None) -> tuple[
 
 
 def run(args: argparse.Namespace, console: Any) -> int:
-    """Serve until SIGINT or SIGTERM, then drain; return the exit status.
+    """Serve until SIGINT or SIGTERM, then drain; return the exit status (130 when
+    Ctrl-C came outside the server's own handling: while loading, or after it stopped).
 
     Raises:
         ValueError / OSError: the server could not start (one error naming the option).
     """
+    interrupted = False
+    try:
+        try:
+            _serve_until_stopped(args, console)
+        except* KeyboardInterrupt:  # between trio's start and the signal receiver's
+            interrupted = True
+    except KeyboardInterrupt:  # while loading, before trio starts, or once it has ended
+        interrupted = True
+    except (BaseExceptionGroup, ValueError, OSError) as error:  # trio < 0.25: not grouped
+        raise _startup_error(error, args) from None
+    if interrupted:
+        console.print("pbkv serve: interrupted")
+        return 130
+    console.print("pbkv serve: stopped")
+    return 0
+
+
+def _serve_until_stopped(args: argparse.Namespace, console: Any) -> None:
+    """Start the server, serve until a signal, then shut it down (see the module)."""
     import functools
+    import signal
 
     import trio
 
     from pbkv.live import RuntimeConfig
     from pbkv.server.app import ServerConfig
-    from pbkv.server.serve import serve
+    from pbkv.server.serve import serve, shut_down
 
     chain = forecasters(args.predictor, args.traces, args.checkpoint)
     runtime_config = RuntimeConfig(
@@ -164,53 +249,58 @@ def run(args: argparse.Namespace, console: Any) -> int:
         host=args.host,
         port=args.port,
         idle_timeout_s=args.idle_timeout_s,
+        max_sessions=args.max_workflows,
+        max_sessions_per_tenant=args.max_workflows_per_tenant,
         api_keys=dict(args.api_keys) if args.api_keys else None,
+        admin_key=args.admin_key,
         default_max_tokens=args.default_max_tokens,
         graceful_timeout_s=args.graceful_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        fault_injection=args.fault_injection,
     )
 
     async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            server = await nursery.start(
-                functools.partial(serve, runtime_config, config, forecasters=chain)
-            )
-            console.print(
-                f"pbkv serve: {server.app.model} ({args.engine}, policy {args.policy}) on "
-                f"{server.address.url}  (OpenAI base_url {server.address.base_url})",
-                soft_wrap=True,
-            )
-            await _until_stopped(server.app, config.graceful_timeout_s)
-            nursery.cancel_scope.cancel()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                stop = _Signals(nursery.cancel_scope)
+                nursery.start_soon(stop.watch, signals)
+                server = await nursery.start(
+                    functools.partial(serve, runtime_config, config, forecasters=chain)
+                )
+                console.print(
+                    f"pbkv serve: {server.app.model} ({args.engine}, policy {args.policy}) on "
+                    f"{server.address.url}  (OpenAI base_url {server.address.base_url})",
+                    soft_wrap=True,
+                )
+                stop.serving = True
+                await stop.requested.wait()
+                await shut_down(server, config.graceful_timeout_s, stop.hurry)
+                nursery.cancel_scope.cancel()
 
-    try:
-        try:
-            trio.run(main)
-        except* KeyboardInterrupt:  # Ctrl-C while starting (trio >= 0.25: in a group)
-            pass
-    except (BaseExceptionGroup, ValueError, OSError) as error:  # trio < 0.25: not grouped
-        raise _startup_error(error, args) from None
-    console.print("pbkv serve: stopped")
-    return 0
+    trio.run(main)
 
 
-async def _until_stopped(app: Any, graceful_timeout_s: float) -> None:
-    """Wait for SIGINT or SIGTERM, then drain ``app``; a second signal ends the drain."""
-    import signal
+class _Signals:
+    """What SIGINT / SIGTERM mean over the server's life: while starting, stop the
+    start; then the first asks for a shutdown, the second hurries it (requests still
+    running are cut, each answered with an error), a third cancels everything."""
 
-    import trio
+    def __init__(self, cancel_scope: Any) -> None:
+        import trio
 
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        self._cancel_scope = cancel_scope
+        self.serving = False
+        self.requested = trio.Event()
+        self.hurry = trio.Event()
+
+    async def watch(self, signals: Any) -> None:
         async for _ in signals:
-            break
-        async with trio.open_nursery() as nursery:
-
-            async def second_signal() -> None:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-
-            nursery.start_soon(second_signal)
-            await app.drain(graceful_timeout_s)
-            nursery.cancel_scope.cancel()
+            if not self.serving or self.hurry.is_set():
+                self._cancel_scope.cancel()
+            elif self.requested.is_set():
+                self.hurry.set()
+            else:
+                self.requested.set()
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:

@@ -158,6 +158,19 @@ async def run_server(
             app.draining = True
 
 
+async def shut_down(server: Server, graceful_timeout_s: float, hurry: trio.Event) -> None:
+    """Drain ``server`` and end its open workflows, while its runtime still runs.
+
+    The requests in flight get ``graceful_timeout_s`` to finish (less once ``hurry`` is
+    set); then those left are answered 503 (a stream: an error event and ``[DONE]``).
+    The open workflows are then ended, within what is left of ``graceful_timeout_s``
+    (at least a second), before the caller cancels the server and closes its runtime.
+    """
+    deadline_s = trio.current_time() + graceful_timeout_s
+    await server.app.drain(graceful_timeout_s, hurry)
+    await server.sessions.close(max(deadline_s - trio.current_time(), 1.0))
+
+
 async def serve(
     runtime_config: Any,
     config: ServerConfig,

@@ -338,15 +338,36 @@ class SessionRegistry:
                 await self.retire_idle()
         finally:
             with trio.CancelScope(shield=True):
-                await self.close()
+                await self.close(_END_TIMEOUT_S)
 
-    async def close(self) -> None:
-        """End every open session (state ``closed``)."""
+    async def close(self, timeout_s: float = math.inf) -> int:
+        """End every open session (state ``closed``), for ``timeout_s`` at most.
+
+        Sessions not ended by then are left to the runtime, which ends what is still
+        open when it closes.
+
+        Returns:
+            How many sessions were ended.
+        """
         sessions, self._sessions = list(self._sessions.values()), {}
         self._by_account.clear()
         for session in sessions:
             session.record.state = "closed"
-            await self._end(session, "end")
+        ended = 0
+        with trio.move_on_after(timeout_s) as scope:
+            for session in sessions:
+                if not session.ended.is_set():
+                    session.ended.set()
+                    await session.workflow.end("end")
+                ended += 1
+        if scope.cancelled_caught:
+            log.warning(
+                "%d of %d workflows not ended within %ss at shutdown; the runtime ends them",
+                len(sessions) - ended,
+                len(sessions),
+                timeout_s,
+            )
+        return ended
 
     def records(self) -> list[WorkflowRecord]:
         """Return the most recent workflows (up to ``recent_workflows``), oldest first."""

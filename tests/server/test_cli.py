@@ -159,3 +159,92 @@ def test_sigterm_drains_refusing_new_requests_then_cuts_what_still_runs():
     assert len(events) > 3  # it streamed during the drain, then was cut
     assert proc.returncode == 0
     assert out.strip() == "pbkv serve: stopped"
+
+
+def test_timeouts_that_are_not_finite_or_too_short_are_refused_naming_the_option(capsys):
+    for option, value in (
+        ("--idle-timeout-s", "nan"),
+        ("--idle-timeout-s", "1e-9"),
+        ("--idle-timeout-s", "inf"),
+        ("--graceful-timeout-s", "nan"),
+        ("--body-timeout-s", "0"),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", option, value])
+        err = capsys.readouterr().err
+        assert f"argument {option}: must be a finite number of seconds >=" in err, err
+        assert f"got {value}" in err
+
+
+def test_one_api_key_names_one_tenant_several_keys_may_share_one(capsys):
+    args = build_parser().parse_args(
+        ["serve", "--api-key", "k1=acme", "--api-key", "k2=acme", "--api-key", "k1=acme"]
+    )
+    assert dict(args.api_keys) == {"k1": "acme", "k2": "acme"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--api-key", "k1=acme", "--api-key", "k1=globex"])
+    assert "key 'k1' given twice, for tenants 'acme' and 'globex'" in capsys.readouterr().err
+
+
+def test_a_second_sigint_cuts_streams_with_an_error_and_done_not_silence():
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
+    command += ["--graceful-timeout-s", "60"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    streams: list[list[str]] = [[] for _ in range(6)]
+    started = [threading.Event() for _ in streams]
+    try:
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
+        assert found
+        url = f"http://127.0.0.1:{found.group(1)}"
+
+        def stream(i: int) -> None:  # ~4000 modelled decode steps: minutes
+            body = {"model": "sim/qwen3-32b", "messages": [{"role": "user", "content": "hi"}]}
+            body |= {"max_tokens": 4000, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+                for event in r.iter_lines():
+                    if event:
+                        streams[i].append(event)
+                        started[i].set()
+
+        readers = [threading.Thread(target=stream, args=(i,)) for i in range(len(streams))]
+        for reader in readers:
+            reader.start()
+        assert all(s.wait(30) for s in started)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # trio merges a signal that arrives again before it is read
+        proc.send_signal(signal.SIGINT)
+        for reader in readers:
+            reader.join(30)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    for events in streams:
+        assert events[-1] == "data: [DONE]"
+        assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"
+    assert proc.returncode == 0
+    assert out.strip() == "pbkv serve: stopped"
+
+
+def test_ctrl_c_while_loading_ends_the_command_without_a_traceback(monkeypatch, capsys):
+    import pbkv.server.cli as serve_cli
+    from pbkv.cli import main
+
+    def interrupted(*args: object) -> tuple[()]:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve_cli, "forecasters", interrupted)
+    assert main(["serve", "--engine", "sim", "--port", "0"]) == 130
+    captured = capsys.readouterr()
+    assert "pbkv serve: interrupted" in captured.out
+    assert "Traceback" not in captured.err + captured.out

@@ -132,3 +132,21 @@ async def test_contained_logs_a_connection_error_and_closes_that_stream(caplog):
         await _contained(fails, Stream())
     assert closed == [True]
     assert "KeyError" in caplog.text
+
+
+async def test_shut_down_ends_every_open_workflow_while_the_runtime_runs():
+    from pbkv.server.serve import shut_down
+
+    async with serving(ServerConfig(port=0), engine="sim") as served:
+        for i in range(40):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            body |= {"max_tokens": 1, "pbkv": {"workflow_id": f"w{i}"}, "cache_salt": f"t{i % 4}"}
+            assert (await served.http("POST", "/v1/chat/completions", json=body)).is_success
+        assert len(served.runtime.active_workflows()) == 40
+        with trio.fail_after(5):
+            await shut_down(served.server, 5.0, trio.Event())
+        active = served.runtime.active_workflows()
+        refused = await served.http("GET", "/health")
+    assert active == ()
+    assert refused.status_code == 503
+    assert {r.state for r in served.server.sessions.records()} == {"closed"}
