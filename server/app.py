@@ -26,6 +26,7 @@ import trio
 
 from pbkv.server.errors import APIError, decode_body
 from pbkv.server.hints import Hints, bearer_key, key_tenant, resolve_hints
+from pbkv.server.sampling import request_sampling
 from pbkv.server.schemas import (
     CHAT_DECODER,
     COMPLETION_DECODER,
@@ -693,7 +694,6 @@ class OpenAIApp:
         prompt: str | list[dict[str, str]],
     ) -> _Generation:
         from pbkv.actors.workload import Segment
-        from pbkv.engines.base import Sampling
 
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
@@ -718,9 +718,7 @@ class OpenAIApp:
                 budget = min(budget, tier_room)
         elif budget > room:
             raise _context_error(budget_param, prompt_tokens, budget, chat.context_length_tokens)
-        temperature = 1.0 if request.temperature is None else request.temperature
-        top_p = 1.0 if request.top_p is None else request.top_p
-        sampling = Sampling(temperature=temperature, top_p=top_p, seed=request.seed)
+        sampling = request_sampling(request.temperature, request.top_p, request.seed)
         options = request.stream_options
         return _Generation(
             endpoint=endpoint,

@@ -80,8 +80,9 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
     """Decode a request ``body`` with ``decoder``.
 
     Raises:
-        APIError: 400 naming the JSON path of the bad or missing field (``param``), or
-            saying the body is not JSON.
+        APIError: 400 naming the JSON path of the bad or missing field (``param``),
+            saying the body is not JSON, or that it nests arrays and objects deeper than
+            the decoder follows (msgspec stops at Python's recursion limit).
     """
     try:
         return decoder.decode(body)
@@ -90,3 +91,9 @@ def decode_body(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
         raise APIError(400, f"invalid request: {text}", param=_param(text)) from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError(
+            400,
+            "the body nests JSON arrays and objects too deeply to decode",
+            code="json_too_deep",
+        ) from None

@@ -79,3 +79,17 @@ def test_a_missing_required_field_is_a_400_naming_it(decoder, body, param):
     with pytest.raises(APIError) as info:
         decode_body(decoder, body)
     assert (info.value.status, info.value.param) == (400, param)
+
+
+@pytest.mark.parametrize(
+    ("field", "opens", "closes"),
+    [("tools", b'[{"a": ', b"}]"), ("response_format", b'{"a": ', b"}"), ("vendor", b"", b"")],
+)
+def test_json_nested_too_deeply_is_a_400_saying_so(field, opens, closes):
+    nested = opens + b"[" * 100_000 + b"]" * 100_000 + closes
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "'
+    body += field.encode() + b'": ' + nested + b"}"
+    with pytest.raises(APIError) as info:
+        decode_body(CHAT_DECODER, body)
+    assert (info.value.status, info.value.code) == (400, "json_too_deep")
+    assert "nests JSON arrays and objects too deeply" in info.value.message

@@ -668,3 +668,22 @@ async def test_without_keys_stats_lists_no_salted_workflow_unless_asked_by_the_a
     assert [w["workflow_id"] for w in anyone.json()["workflows"]] == ["w-None"]
     assert "secret-salt" not in anyone.text
     assert len(admin.json()["workflows"]) == 2
+
+
+async def test_temperature_and_top_p_too_small_for_float32_sample_instead_of_failing(
+    served: Served,
+):
+    answers = []
+    for sampling in ({"temperature": 1e-46}, {"temperature": 0.7, "top_p": 1e-46}):
+        body = {"model": "tiny", "messages": chat("Name a color."), "max_tokens": 4}
+        answers.append(await served.http("POST", "/v1/chat/completions", json=body | sampling))
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    assert all(a.json()["usage"]["completion_tokens"] >= 1 for a in answers)
+
+
+async def test_deeply_nested_json_is_a_400_not_a_500(served: Served):
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": '
+    body += b'[{"function": ' + b"[" * 50_000 + b"]" * 50_000 + b"}]}"
+    reply = await served.http("POST", "/v1/chat/completions", content=body)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["code"] == "json_too_deep"
