@@ -13,9 +13,14 @@ log:
   blocks: at each access or insert of a key it keeps the key if its next access comes
   sooner than that of the resident key needed farthest in the future (bypass allowed);
   a key whose next occurrence is an insert is worth nothing to keep (it can be cached
-  again for free then). It ignores leases, reservations and the tree's prefix rule, so
-  it bounds every demand policy (no prefetch) holding at most that many blocks on the
-  same order; prefetching can beat it, demand caching cannot.
+  again for free then). Among keys needed equally far it evicts the one first seen last
+  (a block before its prefix: an access lists a prompt from its first block, so a block's
+  prefix is never needed later than the block), and it counts an access's hits up to its
+  first miss, as a radix tree matches: prefix-closed. Ties do not change MIN's count,
+  so it is still the optimum over every cache of that many blocks on the same order; it
+  ignores leases and reservations, so it bounds every demand policy (no prefetch) on
+  that order; prefetching can beat the GPU figure, demand caching cannot. Computed over
+  each row's own access order (a scheduler changes the order).
 
 Plain synchronous code; no trio, no engine.
 """
@@ -165,18 +170,21 @@ def min_hits(log: AccessLog, capacity_blocks: int) -> int:
         raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
     need = _next_needs(log.events)
     resident: dict[int, int] = {}  # key -> its next-need position (heap entries may be stale)
-    heap: list[tuple[int, int]] = []  # (-need, key): farthest need on top
+    heap: list[tuple[int, int]] = []  # (-need, -key): farthest need, then last seen, on top
     hits = 0
     pos = 0
     for is_access, keys in log.events:
         if is_access:
-            hits += sum(k in resident for k in keys)
+            for k in keys:
+                if k not in resident:
+                    break
+                hits += 1
         for k in keys:
             n = need[pos]
             pos += 1
             if k in resident:
                 resident[k] = n
-                heapq.heappush(heap, (-n, k))
+                heapq.heappush(heap, (-n, -k))
             elif n != NEVER and capacity_blocks > 0:
                 if len(resident) >= capacity_blocks:
                     far = _farthest(heap, resident)
@@ -184,19 +192,20 @@ def min_hits(log: AccessLog, capacity_blocks: int) -> int:
                         continue  # bypass: every resident key is needed sooner
                     del resident[far]
                 resident[k] = n
-                heapq.heappush(heap, (-n, k))
+                heapq.heappush(heap, (-n, -k))
         if len(heap) > 4 * max(1, len(resident)) + 64:
-            heap = [(-n, k) for k, n in resident.items()]
+            heap = [(-n, -k) for k, n in resident.items()]
             heapq.heapify(heap)
     return hits
 
 
 def _farthest(heap: list[tuple[int, int]], resident: dict[int, int]) -> int:
-    """Return the resident key with the farthest next need, dropping stale heap entries."""
+    """Return the resident key with the farthest next need (of those, the last first seen),
+    dropping stale heap entries."""
     while True:
-        neg, k = heap[0]
-        if resident.get(k) == -neg:
-            return k
+        neg, negk = heap[0]
+        if resident.get(-negk) == -neg:
+            return -negk
         heapq.heappop(heap)
 
 
