@@ -48,7 +48,7 @@ from pbkv.server.schemas import (
 )
 from pbkv.server.sessions import Lease, SessionRegistry
 from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
-from pbkv.server.stop import StopCutter, StopWatch
+from pbkv.server.stop import StopCutter, StopWatch, streamed_text
 
 log = logging.getLogger(__name__)
 
@@ -823,7 +823,9 @@ class OpenAIApp:
             until=self._stop_watch(generation),
         )
         cutter = StopCutter(generation.stops)
-        text = cutter.feed(reply.text) + cutter.flush()
+        chat = self._runtime.chat
+        text = cutter.feed(streamed_text(reply.token_ids, chat.decode, chat.stop_text))
+        text += cutter.flush()
         finish = self._finish_reason(reply, generation, cutter)
         ident, created = self._ident(generation.endpoint), int(time.time())
         if generation.endpoint == "chat":

@@ -90,6 +90,31 @@ class StopWatch:
         return self._cutter.stopped
 
 
+def streamed_text(
+    token_ids: Sequence[int], decode: Callable[[Sequence[int]], str], end: str
+) -> str:
+    """Return the text a stream of ``token_ids`` shows, so a whole reply says the same.
+
+    A stream holds back text that ends in an incomplete UTF-8 sequence (decoded as
+    U+FFFD) until a later token completes it (:class:`pbkv.live.chat.IncrementalDecoder`);
+    a reply cut there (``max_tokens``) never shows it. So here: the decoded text of the
+    longest run of leading tokens whose text does not end in U+FFFD, cut at the
+    end-of-turn marker ``end``. As vLLM's detokenizer, the incomplete tail is dropped.
+
+    Args:
+        token_ids: the reply's output tokens.
+        decode: token ids → text (the runtime's ``chat.decode``).
+        end: the end-of-turn marker (``chat.stop_text``).
+    """
+    n = len(token_ids)
+    text = decode(token_ids)
+    while n and text.endswith("\ufffd"):
+        n -= 1
+        text = decode(token_ids[:n])
+    at = text.find(end)
+    return text if at < 0 else text[:at]
+
+
 def cut(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """Return ``text`` cut at the first of ``stops``, and whether a stop was found."""
     cutter = StopCutter(stops)

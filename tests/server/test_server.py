@@ -687,3 +687,24 @@ async def test_deeply_nested_json_is_a_400_not_a_500(served: Served):
     reply = await served.http("POST", "/v1/chat/completions", content=body)
     assert reply.status_code == 400
     assert reply.json()["error"]["code"] == "json_too_deep"
+
+
+async def test_a_reply_cut_inside_a_character_is_the_same_whole_or_streamed(served: Served):
+    """Seeds whose sampled reply ends inside a multi-byte character on the tiny model."""
+    client = served.client()
+
+    def both(seed: int, max_tokens: int) -> tuple[str, str]:
+        ask = {
+            "model": "tiny",
+            "messages": chat("Write emoji \U0001f600\U0001f389 and Chinese 中文."),
+        }
+        ask |= {"max_tokens": max_tokens, "seed": seed, "temperature": 1.0}
+        whole = client.chat.completions.create(**ask).choices[0].message.content
+        pieces = client.chat.completions.create(**ask, stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+        return whole, streamed
+
+    for seed, max_tokens in ((25, 1), (23, 2), (25, 3)):
+        whole, streamed = await served.run(both, seed, max_tokens)
+        assert whole == streamed
+        assert not whole.endswith("\ufffd")

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pbkv.server.stop import StopCutter, StopWatch, cut
+from pbkv.server.stop import StopCutter, StopWatch, cut, streamed_text
 
 
 def test_cut_at_the_first_stop():
@@ -54,3 +54,16 @@ def test_the_stop_watch_fires_at_the_token_that_completes_a_stop():
     pieces = ["Thought", ": x", "\nObs", "ervation", ":", " y"]
     watch = StopWatch(["\nObservation:"], lambda ids: "".join(pieces[i] for i in ids))
     assert [watch(i) for i in range(6)] == [False, False, False, False, True, True]
+
+
+def test_a_reply_cut_inside_a_character_reads_as_its_stream_does():
+    from pbkv.assets import decode, encode
+    from pbkv.live.chat import END_OF_TURN, IncrementalDecoder
+
+    ids = encode("ok \U0001f600 fine" + END_OF_TURN + " after")
+    for n in range(len(ids) + 1):
+        incremental = IncrementalDecoder(decode)
+        streamed = "".join(incremental.push(t) for t in ids[:n]).split(END_OF_TURN)[0]
+        assert streamed_text(ids[:n], decode, END_OF_TURN) == streamed
+    assert streamed_text(ids[:2], decode, END_OF_TURN) == "ok"  # not "ok \ufffd"
+    assert streamed_text(ids, decode, END_OF_TURN) == "ok \U0001f600 fine"
