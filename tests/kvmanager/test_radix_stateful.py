@@ -14,7 +14,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pbkv.kvmanager import Admission, AdmitRequest, KVConfig, KVManager, LoadTransfer, block_keys
+from pbkv.kvmanager import (
+    HOST_TIERS,
+    Admission,
+    AdmitRequest,
+    KVConfig,
+    KVManager,
+    LoadTransfer,
+    block_keys,
+)
 from pbkv.kvmanager.scoring import (
     CALL_SHARE_DECAY,
     EVIDENCE_CAP,
@@ -171,8 +179,9 @@ class KVManagerMachine(RuleBasedStateMachine):
         # gamma 1 with a small END probability reaches the tail's TAIL_MAX_STEPS cap
         gamma=st.sampled_from([0.8, 0.8, 1.0]),
         beyond_horizon=st.sampled_from([True, True, False]),
+        host_tier=st.sampled_from(HOST_TIERS),
     )
-    def setup(self, policy, block_size, gpu, host, gamma, beyond_horizon):
+    def setup(self, policy, block_size, gpu, host, gamma, beyond_horizon, host_tier):
         self.clock = FakeClock()
         cfg = KVConfig(
             block_size=block_size,
@@ -183,6 +192,7 @@ class KVManagerMachine(RuleBasedStateMachine):
             gamma=gamma,
             bandwidth_bytes_per_s=1000.0,
             beyond_horizon=beyond_horizon,
+            host_tier=host_tier,
         )
         self.kv = KVManager(cfg, self.clock)
         self.live: list[Live] = []
