@@ -104,6 +104,27 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         "flight); mooncake always runs open loop",
     )
     p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop: Poisson session arrivals at this many workflows per second "
+        "(latency counts from arrival; --concurrency caps the sessions open at once)",
+    )
+    p.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="open loop at this fraction of the strongest baseline's capacity "
+        "(lru:workflow's closed-loop throughput at --concurrency, measured first)",
+    )
+    p.add_argument(
+        "--slo-s",
+        type=float,
+        default=None,
+        help="workflow latency target: each row also reports its goodput (workflows per "
+        "second within it)",
+    )
+    p.add_argument(
         "--gpu-kv-tokens",
         type=_positive_int,
         default=None,
@@ -189,6 +210,9 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         gpu_kv_tokens=args.gpu_kv_tokens,
         host_kv_tokens=args.host_kv_tokens,
         host_tier=args.host_tier,
+        rate=args.rate,
+        load=args.load,
+        slo_s=args.slo_s,
         seed=args.seed,
         predictor=args.predictor,
         train_workflows=args.train_workflows,
@@ -258,11 +282,12 @@ def _check_writable(path: str | None) -> None:
         target.unlink()
 
 
-def _title(config, gpu_tokens: int, engine: str = "sim") -> str:
+def _title(config, gpu_tokens: int, engine: str = "sim", rate: float | None = None) -> str:
     host = config.host_kv_tokens if config.host_kv_tokens is not None else 2 * gpu_tokens
     model = "exclusive" if engine == "trtllm-sim" else config.host_tier
+    loop = f"open loop at {rate:.4g} workflows/s, at most" if rate is not None else "concurrency"
     return (
-        f"{config.app}: {config.workflows} workflows, concurrency {config.concurrency}, "
+        f"{config.app}: {config.workflows} workflows, {loop} {config.concurrency}, "
         f"GPU KV {gpu_tokens:,} tokens, host {host:,} ({model}), {config.hardware} x "
         f"{config.model} (simulated seconds)"
     )
@@ -294,7 +319,11 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     colour = "yellow" if run.gpu_kv_capped else "dim"
     console.print(f"[{colour}]note:[/{colour}] {gpu_tier_note(run, config)}")
     console.print(
-        comparison_table(run.results, _title(config, run.gpu_kv_tokens, engine), bounds=run.bounds)
+        comparison_table(
+            run.results,
+            _title(config, run.gpu_kv_tokens, engine, rate=run.rate),
+            bounds=run.bounds,
+        )
     )
     if engine == "trtllm-sim":
         for line in steering_summary(run.results, runs):

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,9 +93,18 @@ class BenchConfig:
         scheduler: admission scheduler for every policy spec that names none (``None``:
             each policy's default, :data:`DEFAULT_SCHEDULERS`).
         open_loop: start each workflow no earlier than its ``Workflow.arrival_s``
-            (``concurrency`` still caps those in flight); ``False``: closed loop, the next
-            workflow starts when a slot frees. An app whose ``open_loop`` attribute is
-            true (``mooncake``, a trace with arrival times) always runs open loop.
+            (``concurrency`` still caps those open, as a server's session limit);
+            ``False``: closed loop, the next workflow starts when a slot frees. An app
+            whose ``open_loop`` attribute is true (``mooncake``, a trace with arrival
+            times) always runs open loop. Latency counts from arrival (open loop) or
+            from when the workflow's slot opens (closed loop), §9.
+        rate: open loop with Poisson session arrivals at this many workflows per
+            (simulated) second, seeded by ``seed`` (replaces the workload's own times).
+        load: open loop at this fraction of the strongest baseline's capacity
+            (``lru:workflow``'s closed-loop throughput at ``concurrency``, measured on the
+            same workload first); exclusive with ``rate``.
+        slo_s: a workflow latency target: each row reports its goodput (workflows per
+            second finishing within it).
     """
 
     app: str = "codegen"
@@ -118,6 +127,9 @@ class BenchConfig:
     scheduler: str | None = None
     open_loop: bool = False
     host_tier: str = DEFAULT_HOST_TIER
+    rate: float | None = None
+    load: float | None = None
+    slo_s: float | None = None
 
 
 END_REASONS = ("end", "recursion_limit", "error", "aborted")
@@ -135,7 +147,9 @@ class PolicyResult:
     admission. ``retractions``: running requests the scheduler paused to admit another
     (§7.0). ``wall_s`` and ``cpu_s`` are the real seconds the run took, on the wall
     clock and as this process's CPU time (``time.process_time``: steadier than the wall
-    clock on a shared machine; ``nan`` where not measured).
+    clock on a shared machine; ``nan`` where not measured). ``goodput_workflows_per_s``:
+    workflows that ran to their end within ``BenchConfig.slo_s``, per second of makespan
+    (``nan`` without an SLO).
     """
 
     policy: str
@@ -162,6 +176,8 @@ class PolicyResult:
     min_total_hit_rate: float = float("nan")
     retractions: int = 0
     cpu_s: float = float("nan")
+    max_latency_s: float = float("nan")
+    goodput_workflows_per_s: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +224,8 @@ class BenchRun:
             profile's KV capacity capped it; equal to ``gpu_kv_tokens`` when uncapped.
         profile_kv_tokens: the hardware x model profile's GPU KV capacity.
         bounds: the bounds, or ``None`` when not computed.
+        rate: the open-loop arrival rate the rows ran at (workflows per second;
+            ``--load``'s is measured), or ``None`` for a closed loop or a trace's times.
     """
 
     results: list[PolicyResult]
@@ -215,6 +233,7 @@ class BenchRun:
     wanted_gpu_kv_tokens: int
     profile_kv_tokens: int
     bounds: Bounds | None
+    rate: float | None = None
 
     @property
     def gpu_kv_capped(self) -> bool:
@@ -330,10 +349,15 @@ def run_policy(
     kv_stats: KVStatistics | None = None
     retractions = 0
 
+    arrivals: dict[str, float] = {}
+
     async def main() -> list[WorkflowOutcome]:
         built = build_engine(row, baseline=baseline, access_log=access_log)
         built = dataclasses.replace(built, chat=raw_format(), model_name="replay")
         async with open_runtime(row, forecasters=chain, built=built) as runtime:
+            if config.open_loop:
+                t0 = trio.current_time()
+                arrivals.update({w.workflow_id: t0 + max(0.0, w.arrival_s) for w in workload})
             outcomes = await serve_replays(
                 runtime,
                 workload,
@@ -359,7 +383,14 @@ def run_policy(
             timeline.append((t, r.cached_gpu_tokens / max(1, r.prompt_tokens)))
     timeline.sort()
     result = summarise_outcomes(
-        policy, config, outcomes, kv_stats, wall_s, timeline, scheduler=scheduler
+        policy,
+        config,
+        outcomes,
+        kv_stats,
+        wall_s,
+        timeline,
+        scheduler=scheduler,
+        arrivals_s=arrivals or None,
     )
     result = dataclasses.replace(result, retractions=retractions, cpu_s=cpu_s)
     if access_log is None:
@@ -440,19 +471,29 @@ def summarise_outcomes(
     timeline: list[tuple[float, float]],
     *,
     scheduler: str = "fcfs",
+    arrivals_s: Mapping[str, float] | None = None,
 ) -> PolicyResult:
     """Summarise one policy's run: latency percentiles over the workflows that ran to
     their end (``end`` or ``recursion_limit``; not ``error``/``aborted``), counts by end
     reason, mean TTFT over invocations, hit rates from the KV statistics, throughput
     over the makespan.
 
-    Times are in whatever clock the run used (simulated or wall seconds).
+    Times are in whatever clock the run used (simulated or wall seconds). With
+    ``arrivals_s`` (open loop: workflow id -> arrival time on the run's clock) a
+    workflow's latency counts from its arrival, the wait for an open slot included;
+    otherwise from when it started (closed loop: when its slot opened).
     """
-    ran = [o.latency_s for o in outcomes if o.reason in RAN_TO_END]
+    start = {o.workflow_id: o.start_s for o in outcomes}
+    if arrivals_s is not None:
+        start.update({w: t for w, t in arrivals_s.items() if w in start})
+    ran = [o.end_s - start[o.workflow_id] for o in outcomes if o.reason in RAN_TO_END]
     latencies = np.array(ran or [np.nan])
     reasons = Counter(o.reason for o in outcomes)
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
-    makespan = max(o.end_s for o in outcomes) - min(o.start_s for o in outcomes)
+    makespan = max(o.end_s for o in outcomes) - min(start.values())
+    good = float("nan")
+    if config.slo_s is not None and makespan > 0:
+        good = sum(1 for latency in ran if latency <= config.slo_s) / makespan
     return PolicyResult(
         policy=policy,
         predictor=config.predictor if get_policy(policy).uses_forecasts else "-",
@@ -473,6 +514,8 @@ def summarise_outcomes(
         hit_timeline=tuple(timeline),
         end_reasons={reason: reasons[reason] for reason in END_REASONS},
         scheduler=scheduler,
+        max_latency_s=float(latencies.max()),
+        goodput_workflows_per_s=good,
     )
 
 
@@ -591,6 +634,8 @@ def run_bench(
         config = dataclasses.replace(config, open_loop=True)
     workload = app.generate(config.workflows, config.seed)
     check_prompts(workload, config.app)
+    if config.rate is not None or config.load is not None:
+        config, workload = open_loop_at(config, workload, app)
     if config.open_loop and all(w.arrival_s <= 0 for w in workload):
         log.warning(
             "open loop: app %r gives every workflow arrival time 0, so each starts as soon "
@@ -628,7 +673,65 @@ def run_bench(
     if bounds:
         reference = None if on_outcome is None else (lambda o: on_outcome("uncontested", o))
         found = _bounds(workload, config, results, reference)
-    return BenchRun(results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found)
+    return BenchRun(
+        results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found, rate=config.rate
+    )
+
+
+CAPACITY_SPEC = "lru:workflow"
+"""The strongest baseline, whose closed-loop throughput ``--load`` is a fraction of."""
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Return ``n`` arrival times (seconds from 0) of a Poisson process at ``rate`` per
+    second: exponential gaps of mean ``1 / rate``, seeded by ``seed``.
+
+    Raises:
+        ValueError: ``rate <= 0``.
+    """
+    if not rate > 0:
+        raise ValueError(f"rate must be > 0 workflows per second, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=n)
+    return [float(t) for t in np.cumsum(gaps) - gaps[0]]  # the first arrives at 0
+
+
+def open_loop_at(
+    config: BenchConfig, workload: Sequence[Workflow], app: object
+) -> tuple[BenchConfig, list[Workflow]]:
+    """Return ``config`` and ``workload`` for an open-loop run at ``config.rate`` (or at
+    ``config.load`` × the strongest baseline's measured capacity): Poisson arrivals.
+
+    Raises:
+        ValueError: both or a non-positive ``rate`` / ``load``.
+    """
+    if config.rate is not None and config.load is not None:
+        raise ValueError("give --rate or --load, not both")
+    rate = config.rate
+    if config.load is not None:
+        if not config.load > 0:
+            raise ValueError(f"load must be > 0, got {config.load}")
+        rate = config.load * baseline_capacity(config, workload, app)
+    assert rate is not None
+    times = poisson_arrivals(len(workload), rate, config.seed)
+    timed = [dataclasses.replace(w, arrival_s=t) for w, t in zip(workload, times, strict=True)]
+    return dataclasses.replace(config, open_loop=True, rate=rate), timed
+
+
+def baseline_capacity(config: BenchConfig, workload: Sequence[Workflow], app: object) -> float:
+    """Return the strongest baseline's capacity: :data:`CAPACITY_SPEC`'s throughput in
+    workflows per second, closed loop at ``config.concurrency`` on ``workload``."""
+    closed = dataclasses.replace(config, open_loop=False, rate=None, load=None)
+    wanted = config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency)
+    cost = CostModel(load_hardware(config.hardware), load_model(config.model))
+    result = run_policy(
+        workload,
+        closed,
+        CAPACITY_SPEC,
+        (),
+        gpu_kv_tokens=min(wanted, cost.gpu_kv_capacity_tokens),
+        step_graph_edges=tuple(getattr(app, "edges", ())),
+    )
+    return result.throughput_workflows_per_s
 
 
 def baseline_result(results: Sequence[PolicyResult]) -> PolicyResult:

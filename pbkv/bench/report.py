@@ -252,7 +252,11 @@ def comparison_table(
         time_unit: the latencies' unit, for the headers.
         bounds: the workload's bounds (the sim bench's), or ``None``.
     """
-    blocks = [policy_table(results, title, time_unit), gain_report(results, time_unit)]
+    blocks = [
+        policy_table(results, title, time_unit),
+        Text(tail_line(results, time_unit), overflow="fold"),
+        gain_report(results, time_unit),
+    ]
     if bounds is not None:
         blocks.append(bounds_table(results, bounds, time_unit))
         if any(r.min_gpu_hit_rate == r.min_gpu_hit_rate for r in results):  # not all nan
@@ -453,6 +457,20 @@ def bounds_table(results: Sequence[PolicyResult], bounds: Bounds, time_unit: str
         room = (ratio_text(r.mean_latency_s, latency_s) for r in rows)
         table.add_row(name, f"mean lat {time_unit}", figure_text(latency_s), *room, what)
     return table
+
+
+def tail_line(results: Sequence[PolicyResult], time_unit: str = "s") -> str:
+    """Say each row's median and worst latency, throughput and (with an SLO) goodput."""
+    parts = []
+    for r in results:
+        text = (
+            f"{row_name(r)} {figure_text(r.p50_latency_s)}/{figure_text(r.max_latency_s)} "
+            f"{time_unit}, {r.throughput_workflows_per_s:.4g} wf/{time_unit}"
+        )
+        if r.goodput_workflows_per_s == r.goodput_workflows_per_s:  # an SLO was given
+            text += f", goodput {r.goodput_workflows_per_s:.4g}"
+        parts.append(text)
+    return "p50/max latency, throughput (goodput within the SLO): " + "; ".join(parts)
 
 
 def _measured(value: float, otherwise: float) -> float:
