@@ -26,6 +26,7 @@ import trio
 
 from pbkv.server.errors import APIError, decode_body
 from pbkv.server.hints import Hints, bearer_key, key_tenant, resolve_hints
+from pbkv.server.prompts import check_size, tokenize
 from pbkv.server.sampling import request_sampling
 from pbkv.server.schemas import (
     CHAT_DECODER,
@@ -687,22 +688,24 @@ class OpenAIApp:
         tenant = key_tenant(headers, self._config.api_keys)
         return resolve_hints(headers, request.pbkv, cache_salt=request.cache_salt, tenant=tenant)
 
-    def _generation(
+    async def _generation(
         self,
         endpoint: str,
         request: ChatCompletionRequest | CompletionRequest,
         prompt: str | list[dict[str, str]],
     ) -> _Generation:
-        from pbkv.actors.workload import Segment
+        """Check ``request`` and tokenize its prompt (the size first, see
+        :mod:`pbkv.server.prompts`); return what to run.
 
+        Raises:
+            APIError: 400 naming the field at fault.
+        """
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
         _refuse_unserved(request)
         chat = self._runtime.chat
-        if isinstance(prompt, str):
-            segments: tuple[Any, ...] = (Segment("context", chat.encode(prompt)),)
-        else:
-            segments = chat.segments(prompt)
+        check_size(prompt, _prompt_param(endpoint), chat.context_length_tokens)
+        segments = await tokenize(chat, prompt)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         budget_param, budget = "max_tokens", request.max_tokens
         if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
@@ -743,7 +746,7 @@ class OpenAIApp:
         if self.draining:
             raise self._draining_error()
         self._check_model(request.model)
-        generation = self._generation(endpoint, request, prompt)
+        generation = await self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
         self._generating += 1  # what a drain waits for
         try:
