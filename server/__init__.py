@@ -12,7 +12,7 @@ Needs the ``serve`` extra (hypercorn).
 from pbkv.server.app import OpenAIApp, ServerConfig
 from pbkv.server.errors import APIError
 from pbkv.server.hints import Hints, resolve_hints
-from pbkv.server.serve import Server, ServerAddress, open_server, run_server, serve
+from pbkv.server.serve import Server, ServerAddress, open_server, run_server, serve, shut_down
 from pbkv.server.sessions import SessionRegistry, SessionStatistics, WorkflowRecord
 from pbkv.server.stop import StopCutter
 
@@ -31,4 +31,5 @@ __all__ = [
     "resolve_hints",
     "run_server",
     "serve",
+    "shut_down",
 ]

@@ -75,6 +75,36 @@ def _content_length(scope: Scope) -> int:
     return 0
 
 
+class InjectedFault(RuntimeError):
+    """Raised by the stop callback of a request with ``X-PBKV-Inject-Fault: until`` on a
+    server with ``fault_injection`` (fault tests: one call's own failure)."""
+
+
+def _failing_until(token: int) -> bool:
+    raise InjectedFault("a fault injected into this request's stop callback")
+
+
+FAULT_HEADER = "x-pbkv-inject-fault"
+
+
+def _fault_header(scope: Scope) -> str | None:
+    """Return the fault a request asks to have injected (``until``), if any.
+
+    Raises:
+        APIError: 400 naming the header for a fault other than ``until``.
+    """
+    value = _headers(scope).get(FAULT_HEADER)
+    if value is None:
+        return None
+    if value.strip().lower() != "until":
+        raise APIError(
+            400,
+            f"header {FAULT_HEADER}: the fault 'until' is known, got {value!r}",
+            param=FAULT_HEADER,
+        )
+    return "until"
+
+
 def _owns(tenant: str, namespace: str) -> bool:
     """Whether ``namespace`` (a workflow's tenant) is ``tenant`` or one of its salted
     namespaces (``tenant/salt``); the default tenant ``""`` owns only ``""``."""
@@ -228,6 +258,7 @@ class _Generation:
     stops: tuple[str, ...]
     stream: bool
     include_usage: bool
+    inject_fault: bool = False  # ServerConfig.fault_injection: the stop callback raises
 
     @property
     def prompt_param(self) -> str:
@@ -240,6 +271,18 @@ def _prompt_param(endpoint: str) -> str:
     return "messages" if endpoint == "chat" else "prompt"
 
 
+def _in_chain(exc: BaseException, found: Callable[[BaseException], bool]) -> bool:
+    """Whether ``exc`` or an error in its cause (or context) chain is ``found``."""
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if found(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def _never_fits(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error in its cause chain) says the request can never fit
     the GPU KV tier: :class:`RequestTooLarge`, or the live runtime's :class:`CallFailed`
@@ -247,16 +290,10 @@ def _never_fits(exc: BaseException) -> bool:
     from pbkv.engines.base import RequestTooLarge
     from pbkv.live.session import CallFailed
 
-    seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, RequestTooLarge):
-            return True
-        if isinstance(error, CallFailed) and not error.retryable:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+    return _in_chain(
+        exc,
+        lambda e: isinstance(e, RequestTooLarge) or (isinstance(e, CallFailed) and not e.retryable),
+    )
 
 
 def _usage(reply: Any) -> Usage:
@@ -581,6 +618,8 @@ class OpenAIApp:
         match exc:
             case APIError():
                 return exc
+            case _ if _in_chain(exc, lambda e: isinstance(e, InjectedFault)):
+                return APIError(500, str(exc), type="server_error", code="injected_fault")
             case _ if _never_fits(exc):  # normally named by _serve; this is the fallback
                 return APIError(400, str(exc), code="context_length_exceeded")
             case PromptTooLong():
@@ -748,6 +787,8 @@ class OpenAIApp:
         self._check_model(request.model)
         generation = await self._generation(endpoint, request, prompt)
         hints = self._hints(scope, request)
+        if self._config.fault_injection and _fault_header(scope) is not None:
+            generation = dataclasses.replace(generation, inject_fault=True)
         self._generating += 1  # what a drain waits for
         try:
             async with self._sessions.workflow(hints) as lease:
@@ -787,8 +828,11 @@ class OpenAIApp:
             )
         return APIError(400, f"{param}: {message}", param=param, code="context_length_exceeded")
 
-    def _stop_watch(self, generation: _Generation) -> StopWatch | None:
-        """Return what ends decoding at the token completing a stop sequence, if any."""
+    def _stop_watch(self, generation: _Generation) -> Callable[[int], bool] | None:
+        """Return what ends decoding at the token completing a stop sequence, if any
+        (one that raises :class:`InjectedFault` for a request with a fault injected)."""
+        if generation.inject_fault:
+            return _failing_until
         if not generation.stops:
             return None
         return StopWatch(generation.stops, self._runtime.chat.decode)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import httpx
 import msgspec
 import openai
 import pytest
@@ -708,3 +709,37 @@ async def test_a_reply_cut_inside_a_character_is_the_same_whole_or_streamed(serv
         whole, streamed = await served.run(both, seed, max_tokens)
         assert whole == streamed
         assert not whole.endswith("\ufffd")
+
+
+async def test_a_fault_injected_into_one_call_fails_that_call_alone():
+    async with serving(ServerConfig(port=0, fault_injection=True), engine="sim") as served:
+        answers: dict[str, httpx.Response] = {}
+
+        async def ask(name: str, fault: bool) -> None:
+            body = {"model": "sim/qwen3-32b", "messages": chat(f"hi {name}"), "max_tokens": 30}
+            headers = {"X-PBKV-Inject-Fault": "until"} if fault else {}
+            answers[name] = await served.http(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            )
+
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(ask, f"ok-{i}", False)
+            await trio.sleep(0.3)
+            nursery.start_soon(ask, "faulted", True)
+        bad_fault = await served.http("GET", "/health", headers={"X-PBKV-Inject-Fault": "nonsense"})
+        stats = served.runtime.statistics()
+    faulted = answers.pop("faulted")
+    assert (faulted.status_code, faulted.json()["error"]["code"]) == (500, "injected_fault")
+    assert [a.status_code for a in answers.values()] == [200] * 20
+    assert (stats.calls_in_flight, stats.leases) == (0, 0)
+    assert bad_fault.status_code == 200  # the header is read by completions only
+
+
+async def test_without_fault_injection_the_fault_header_is_ignored():
+    async with serving(ServerConfig(port=0), engine="sim") as served:
+        body = {"model": "sim/qwen3-32b", "messages": chat("hi"), "max_tokens": 3}
+        reply = await served.http(
+            "POST", "/v1/chat/completions", json=body, headers={"X-PBKV-Inject-Fault": "until"}
+        )
+    assert reply.status_code == 200
