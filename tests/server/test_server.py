@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import httpx
 import msgspec
@@ -743,3 +744,28 @@ async def test_without_fault_injection_the_fault_header_is_ignored():
             "POST", "/v1/chat/completions", json=body, headers={"X-PBKV-Inject-Fault": "until"}
         )
     assert reply.status_code == 200
+
+
+async def test_a_client_stalled_mid_body_is_answered_408_when_the_body_timeout_passes():
+    import socket
+
+    async with serving(ServerConfig(port=0, body_timeout_s=1.0), engine="sim") as served:
+        port = served.server.address.port
+
+        def stall() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+                )
+                started = time.perf_counter()
+                answer = sock.recv(65536)
+                waited_s = time.perf_counter() - started
+                while not answer.endswith(b"0\r\n\r\n") and (more := sock.recv(65536)):
+                    answer += more
+                return answer, waited_s
+
+        answer, waited_s = await served.run(stall)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"body_timeout" in answer
+    assert 0.9 < waited_s < 3.0
