@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -491,7 +492,7 @@ def summarise_outcomes(
     reasons = Counter(o.reason for o in outcomes)
     ttfts = np.array([r.ttft_s for o in outcomes for r in o.results])
     makespan = max(o.end_s for o in outcomes) - min(start.values())
-    good = float("nan")
+    good = math.nan  # one object: records of equal runs compare equal
     if config.slo_s is not None and makespan > 0:
         good = sum(1 for latency in ran if latency <= config.slo_s) / makespan
     return PolicyResult(
