@@ -25,7 +25,8 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0
     assert "live-codegen: 2 workflows" in out and "wall-clock seconds" in out
-    assert [len(re.findall(rf"^{p}:\S+ +\d", out, re.M)) for p in ("lru", "pbkv")] == [1, 1]
+    table_row = r":\S+ +[\d.,]+ +[\d.,]+ "  # a row name, then two figures
+    assert [len(re.findall(rf"^{p}{table_row}", out, re.M)) for p in ("lru", "pbkv")] == [1, 1]
     assert "paths taken" in out
 
     demo = json.loads(out_json.read_text())
