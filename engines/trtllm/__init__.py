@@ -6,13 +6,10 @@ else in pbkv imports this package at module import time.
 """
 
 from pbkv.engines.trtllm.api import KvCacheRetentionConfig, SamplingParams, load_api
+from pbkv.engines.trtllm.blockkey import block_key_hash, cache_salt_id, prompt_block_hashes
 from pbkv.engines.trtllm.engine import TrtllmEngine, TrtllmEngineConfig, TrtllmStatistics
-from pbkv.engines.trtllm.fake import (
-    BlockManagerConfig,
-    FakeBlockManager,
-    block_hash,
-    prompt_block_hashes,
-)
+from pbkv.engines.trtllm.events import poll_kv_events
+from pbkv.engines.trtllm.fake import BlockManagerConfig, FakeBlockManager, block_hash
 from pbkv.engines.trtllm.mirror import Mirror, MirrorBlock, MirrorStatistics
 from pbkv.engines.trtllm.simllm import SimLLM, SimLLMConfig, SimLLMStatistics
 from pbkv.engines.trtllm.steering import Bands, MirrorKV, Touch, retention_config
@@ -35,7 +32,10 @@ __all__ = [
     "TrtllmEngineConfig",
     "TrtllmStatistics",
     "block_hash",
+    "block_key_hash",
+    "cache_salt_id",
     "load_api",
+    "poll_kv_events",
     "prompt_block_hashes",
     "retention_config",
 ]

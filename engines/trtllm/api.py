@@ -79,12 +79,32 @@ class KvCacheRetentionConfig:
         return f"KvCacheRetentionConfig({spans}; decode={self.decode_retention_priority})"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    """The two ``SamplingParams`` fields the adapter sets (upstream has many more)."""
+    """The ``SamplingParams`` fields the adapter sets (``tensorrt_llm/sampling_params.py``;
+    keyword-only there too, with many more fields). ``None`` leaves the engine's default."""
 
     max_tokens: int = 32
     return_perf_metrics: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+
+def sampling_arguments(sampling: Any) -> dict[str, Any]:
+    """Map pbkv's :class:`~pbkv.engines.base.Sampling` to ``SamplingParams`` keywords.
+
+    Greedy is ``top_k=1`` (upstream's ``None`` fields leave the C++ runtime's defaults);
+    otherwise ``temperature``, ``top_p`` and ``seed`` (a 64-bit unsigned seed upstream:
+    a negative one is taken modulo 2**64).
+    """
+    if sampling is None or sampling.greedy:
+        return {"top_k": 1}
+    out: dict[str, Any] = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    if sampling.seed is not None:
+        out["seed"] = sampling.seed % (1 << 64)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,23 @@
 """The TensorRT-LLM adapter: an engine over an ``LLM``-shaped object (§7.3).
 
 ``generate`` sends ``generate_async(prompt_token_ids, SamplingParams(max_tokens=...,
-return_perf_metrics=True), kv_cache_retention_config=..., cache_salt=tenant)`` and fills
-the result from ``request_perf_metrics.kv_cache_metrics`` (reused blocks → cached
-tokens). Which optional arguments exist is read from ``generate_async``'s signature, not
-assumed. ``run`` pumps ``get_kv_cache_events_async`` into the mirror and issues touch
-requests (re-tag, prefetch) in idle capacity. The object may be ``tensorrt_llm.LLM``
-(through :class:`pbkv.engines.trtllm.real.ThreadedLLM`) or the virtual-time
+return_perf_metrics=True, sampling...), kv_cache_retention_config=..., cache_salt=tenant)``
+with the request classes of the engine's own API (the real ``tensorrt_llm`` ones for a
+real ``LLM``: it refuses others with ``TypeError``), and fills the result from the
+output's ``cached_tokens`` (``tensorrt_llm/executor/result.py``; partially reused
+blocks count their matched tokens only) or, where absent, from
+``request_perf_metrics.kv_cache_metrics.num_reused_blocks`` (summed over attention
+windows upstream). Which optional arguments exist is read from ``generate_async``'s
+signature, not assumed.
+
+``run`` pumps KV events into the mirror (:func:`~pbkv.engines.trtllm.events.poll_kv_events`):
+it starts after the first request (before it upstream asserts), polls without blocking
+every 5 ms while events come and backs off to 20 ms (as Dynamo's publisher,
+``components/src/dynamo/trtllm/publisher.py``), and parks once the engine is idle and no
+event came for ``event_quiet_s`` until the next request; so it neither spins nor waits
+out a busy period. It also issues touch requests (re-tag, prefetch) in idle capacity.
+The object may be ``tensorrt_llm.LLM`` (through
+:class:`pbkv.engines.trtllm.real.ThreadedLLM`) or the virtual-time
 :class:`~pbkv.engines.trtllm.simllm.SimLLM`; nothing here imports ``tensorrt_llm``.
 """
 
@@ -21,9 +32,10 @@ from typing import Any
 
 import trio
 
-from pbkv.engines.base import EngineError, GenerateRequest, GenerateResult
-from pbkv.engines.trtllm.api import Api, load_api
-from pbkv.engines.trtllm.fake import prompt_block_hashes
+from pbkv.engines.base import GREEDY, EngineError, GenerateRequest, GenerateResult, Sampling
+from pbkv.engines.trtllm.api import Api, load_api, sampling_arguments
+from pbkv.engines.trtllm.blockkey import prompt_block_hashes
+from pbkv.engines.trtllm.events import poll_kv_events
 from pbkv.engines.trtllm.mirror import HOST, MirrorStatistics
 from pbkv.engines.trtllm.steering import MirrorKV, Touch, retention_config
 
@@ -62,18 +74,39 @@ class TrtllmEngineConfig:
         tokens_per_block: the engine's ``KvCacheConfig.tokens_per_block``.
         max_batch_size: the engine's batch limit; touches run only below it.
         max_touches_in_flight: touch requests at once.
-        event_timeout_s: ``get_kv_cache_events_async`` timeout per poll.
+        partial_reuse: the engine's ``KvCacheConfig.enable_partial_reuse`` (default on
+            upstream): where an output lacks ``cached_tokens``, the last reused block
+            may be a partial match, so only blocks the mirror confirms count as full.
+        event_poll_min_s / event_poll_max_s: the pump's pause after a poll that found
+            events / the longest pause it backs off to.
+        event_quiet_s: with no request in flight and no event for this long, the pump
+            parks until the next request (upstream's default event timeout, 2 s).
+
+    Raises:
+        ValueError: a non-positive poll pause, ``min > max``, or a negative quiet period.
     """
 
     tokens_per_block: int = 32
     max_batch_size: int = 64
     max_touches_in_flight: int = 2
-    event_timeout_s: float = 2.0
+    partial_reuse: bool = True
+    event_poll_min_s: float = 0.005
+    event_poll_max_s: float = 0.02
+    event_quiet_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.event_poll_min_s <= self.event_poll_max_s or self.event_quiet_s < 0:
+            raise ValueError(
+                f"event_poll_min_s {self.event_poll_min_s} / event_poll_max_s "
+                f"{self.event_poll_max_s} / event_quiet_s {self.event_quiet_s}: need "
+                "0 < min <= max and quiet >= 0"
+            )
 
 
 @dataclass(frozen=True, slots=True)
 class TrtllmStatistics:
-    """What the adapter did: requests, retention configs, touches, and the mirror's state."""
+    """What the adapter did: requests, retention configs, touches, event polls and
+    pump parks, and the mirror's state."""
 
     requests: int
     retention_configs: int
@@ -84,20 +117,25 @@ class TrtllmStatistics:
     touches_skipped_busy: int
     touches_skipped_stale: int
     mirror: MirrorStatistics
+    event_polls: int = 0
+    event_parks: int = 0
 
 
 class TrtllmEngine:
     """Engine-owned cache: TensorRT-LLM decides, pbkv mirrors and steers (§7.3).
 
     Args:
-        llm: an ``LLM``-shaped object (``generate_async``, ``get_kv_cache_events_async``;
-            if it has ``run``, its loop is driven by :meth:`run`).
+        llm: an ``LLM``-shaped object (``generate_async``, ``get_kv_cache_events`` and
+            ``_executor`` as upstream's; if it has ``run``, its loop is driven by
+            :meth:`run`).
         kv: the mirror-side KV manager (its policy says whether to steer).
         config: adapter settings.
         hasher: ``(prompt, tokens_per_block, salt) -> block hashes`` as the engine
-            computes them; defaults to the fake's (the real engine's is
-            :func:`pbkv.engines.trtllm.real.block_key_hasher`).
-        api: request classes (default: the real ones for a ``tensorrt_llm`` object).
+            computes them; defaults to the port of upstream's ``BlockKeyHasher``
+            (:func:`pbkv.engines.trtllm.blockkey.prompt_block_hashes`).
+        api: request classes; default the ``llm``'s ``request_api`` (the real ones for
+            :class:`~pbkv.engines.trtllm.real.ThreadedLLM`), else the real ones for a
+            ``tensorrt_llm`` object, else pbkv's stand-ins.
     """
 
     owns_cache = False
@@ -121,11 +159,18 @@ class TrtllmEngine:
                 f"{self.config.tokens_per_block}"
             )
         self.hasher = hasher
-        self.api = api or load_api(type(llm).__module__.startswith("tensorrt_llm"))
+        self.api = (
+            api
+            or getattr(llm, "request_api", None)
+            or load_api(type(llm).__module__.startswith("tensorrt_llm"))
+        )
         self.optional = optional_arguments(llm.generate_async)
         self._in_flight = 0
         self._touches_in_flight = 0
         self._kick = trio.Event()
+        self._first_submit = trio.Event()
+        self._submitted = trio.Event()  # set by every submit; the parked pump waits on it
+        self._parked = trio.Event()  # set while the pump is parked (events are quiet)
         self._nursery: trio.Nursery | None = None
         self._counts = dict.fromkeys(
             (
@@ -137,6 +182,8 @@ class TrtllmEngine:
                 "onboarded",
                 "busy",
                 "stale",
+                "polls",
+                "parks",
             ),
             0,
         )
@@ -164,18 +211,44 @@ class TrtllmEngine:
             task_status.started()
 
     async def _pump(self) -> None:
-        """Drain KV events into the mirror (as Dynamo's publisher does, §3.1)."""
+        """Drain KV events into the mirror: after the first request, every 5–20 ms
+        while the engine works or events come, parked while it is idle and quiet."""
+        c = self.config
+        await self._first_submit.wait()
+        pause = c.event_poll_min_s
+        last_event_s = trio.current_time()
         while True:
-            got = 0
-            async for event in self.llm.get_kv_cache_events_async(
-                timeout=self.config.event_timeout_s
-            ):
-                self.kv.mirror.apply(event)
-                got += 1
-            if got:
-                self.kv.on_stored()
-                self._wake()
-            await trio.lowlevel.checkpoint()
+            events = poll_kv_events(self.llm)
+            self._counts["polls"] += 1
+            now = trio.current_time()
+            if events:
+                self._apply_events(events)
+                pause, last_event_s = c.event_poll_min_s, now
+            else:
+                pause = min(c.event_poll_max_s, 2 * pause)
+            if self._in_flight == 0 and now - last_event_s >= c.event_quiet_s:
+                await self._park()
+                pause, last_event_s = c.event_poll_min_s, trio.current_time()
+                continue
+            await trio.sleep(pause)
+
+    def _apply_events(self, events: list[dict[str, Any]]) -> None:
+        self.kv.mirror.apply_all(events)
+        self.kv.on_stored()
+        self._wake()
+
+    async def _park(self) -> None:
+        """Wait for the next submit; meanwhile the mirror is quiet (see :meth:`events_quiet`)."""
+        self._counts["parks"] += 1
+        self._submitted = trio.Event()
+        self._parked.set()
+        await self._submitted.wait()
+        self._parked = trio.Event()
+
+    async def events_quiet(self) -> None:
+        """Wait until no request is in flight and no KV event came for ``event_quiet_s``
+        (the pump has applied everything the engine sent). Does not modify the engine."""
+        await self._parked.wait()
 
     async def _touch_loop(self) -> None:
         while True:
@@ -221,7 +294,11 @@ class TrtllmEngine:
         config = retention_config(touch.priorities, bs, self.kv.bands.dead, self.api)
         host = sum(b.level == HOST for b in touch.blocks)
         try:
-            await self._submit(touch.prompt_token_ids, 1, config, touch.salt, ())
+            await self._submit(touch.prompt_token_ids, 1, config, touch.salt, (), GREEDY)
+            # The claim set these priorities (latest claim wins); their ``updated`` events
+            # follow within a poll, and re-planning before them would touch again.
+            for block, (priority, _) in zip(touch.blocks, touch.priorities, strict=False):
+                self.kv.mirror.note_claim(block, priority)
             self._counts[touch.kind] += 1
             self._counts["retagged"] += len(touch.blocks)
             self._counts["onboarded"] += host if touch.kind == "prefetch" else 0
@@ -249,25 +326,33 @@ class TrtllmEngine:
         hashes = self.hasher(prompt, bs, salt)
         mirrored = self.kv.note_request(hashes, request.workflow_id, request.agent, salt)
         host_at_submit = [b.level == HOST for b in mirrored]
+        mark = self.kv.mirror.events_applied
         config = self._retention(request, hashes, mirrored) if self.kv.steering else None
         started = trio.current_time()
         out = await self._submit(
-            prompt, request.max_new_tokens, config, salt, request.scripted_output_token_ids
+            prompt,
+            request.max_new_tokens,
+            config,
+            salt,
+            request.scripted_output_token_ids,
+            request.sampling,
         )
         e2e_s = trio.current_time() - started
         completion = out.outputs[0]
-        reused = _reused_blocks(completion)
+        cached, full = self._reuse(out, completion, len(prompt), hashes)
         self.kv.mirror.confirm_prefix(
-            hashes, [tuple(prompt[i * bs : (i + 1) * bs]) for i in range(len(hashes))], reused
+            hashes,
+            [tuple(prompt[i * bs : (i + 1) * bs]) for i in range(len(hashes))],
+            full,
+            mark,
         )
         self.kv.note_latency(e2e_s)
         self._counts["requests"] += 1
-        cached = min(len(prompt) - 1, reused * bs)
         # Upstream reports no GPU/host split: estimate it from the mirror at submit,
         # unless the output carries the fake's ground truth.
         host_blocks = getattr(completion, "onboarded_blocks", None)
         if host_blocks is None:
-            host_blocks = sum(host_at_submit[:reused])
+            host_blocks = sum(host_at_submit[:full])
         cached_host = min(cached, host_blocks * bs)
         queue_s, ttft_s = _timings(completion, e2e_s)
         return GenerateResult(
@@ -281,6 +366,31 @@ class TrtllmEngine:
             ttft_s=ttft_s,
             e2e_s=e2e_s,
         )
+
+    def _reuse(
+        self, out: Any, completion: Any, prompt_tokens: int, hashes: list[int]
+    ) -> tuple[int, int]:
+        """Return ``(cached tokens, full blocks reused)`` of a finished request.
+
+        ``cached_tokens`` (``GenerationResultBase``) counts the matched tokens, partial
+        matches included; without it, ``num_reused_blocks`` over the attention windows
+        gives blocks, and with partial reuse the last one counts only if the mirror
+        holds it as a full block (a partial match's tokens are unknown: not counted).
+        """
+        bs = self.config.tokens_per_block
+        reused = _reused_blocks(completion) // self.kv.mirror.window_count
+        tokens = getattr(out, "cached_tokens", None)
+        if isinstance(tokens, int) and (tokens > 0 or reused == 0):
+            cached = min(prompt_tokens - 1, tokens)
+            return cached, min(cached // bs, len(hashes))
+        full = min(reused, len(hashes))
+        if (
+            self.config.partial_reuse
+            and 0 < full == reused
+            and hashes[full - 1] not in self.kv.mirror.blocks
+        ):
+            full -= 1  # it may have been a partial match
+        return min(prompt_tokens - 1, full * bs), full
 
     def _retention(self, request: GenerateRequest, hashes: list[int], mirrored: list) -> object:
         bs = self.config.tokens_per_block
@@ -306,6 +416,7 @@ class TrtllmEngine:
         retention: object | None,
         salt: str,
         scripted: Sequence[int],
+        sampling: Sampling,
     ) -> Any:
         kwargs: dict[str, Any] = {}
         if retention is not None and "kv_cache_retention_config" in self.optional:
@@ -315,13 +426,17 @@ class TrtllmEngine:
             kwargs["cache_salt"] = salt
         if scripted and "scripted_output_token_ids" in self.optional:
             kwargs["scripted_output_token_ids"] = tuple(scripted)
-        params = self.api.SamplingParams(max_tokens=max_tokens, return_perf_metrics=True)
         self._in_flight += 1
         try:
+            params = self.api.SamplingParams(
+                max_tokens=max_tokens, return_perf_metrics=True, **sampling_arguments(sampling)
+            )
             out = self.llm.generate_async(list(prompt), params, **kwargs)
+            self._first_submit.set()  # the engine's event queue exists from now on
+            self._submitted.set()
             return await out.aresult()
-        except (ValueError, RuntimeError) as exc:
-            raise EngineError(f"generate_async failed: {exc}") from exc
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise EngineError(f"generate_async failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._in_flight -= 1
             self._wake()
@@ -338,6 +453,8 @@ class TrtllmEngine:
             touches_skipped_busy=c["busy"],
             touches_skipped_stale=c["stale"],
             mirror=self.kv.mirror.statistics(),
+            event_polls=c["polls"],
+            event_parks=c["parks"],
         )
 
 

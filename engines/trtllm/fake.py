@@ -1,41 +1,61 @@
 """A faithful fake of TensorRT-LLM 1.2's V1 KV block manager (engine-owned cache, §7.3).
 
 Plain synchronous code, no trio. It implements the rules of
-``../shared/reference/trtllm.md`` §2–3, each from the upstream file named here:
+``../shared/reference/trtllm.md`` §2–3 and ``trtllm-1.2-source.md``, each from the
+upstream file named here (``cpp/tensorrt_llm/batch_manager/`` unless said otherwise):
 
-- blocks per cache level, announced by a ``created`` event
-  (``cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp``, ``kvCacheEventManager.cpp``);
-- ``addSequence``: the prompt minus its **last token** is cut into full blocks and
-  matched in the radix tree; a hit is claimed (an explicit priority re-tags it, *latest
-  claim wins*, with an ``updated`` event; a claim without one keeps the priority and
-  replaces the duration), a host hit is onboarded (``updated`` 1→0), a miss takes a free
-  block (``kvCacheManager.cpp::loadOrAllocateBlocks``);
+- blocks per cache level, announced by one ``created`` event per attention window
+  (``kvCacheManager.cpp``, ``kvCacheEventManager.cpp``);
+- block hashes are the engine's own (``kvCacheManager.cpp::BlockKeyHasher::hash``,
+  ported in :mod:`.blockkey`), the cache salt mixed into the first block;
+- ``addSequence``: the prompt minus its **last token** is cut into block keys, the last
+  one possibly partial (plus an empty key when the last token starts a block), and
+  matched in the radix tree (``WindowBlockManager::addSequence``, ``loadOrAllocateBlocks``):
+
+  - an explicit priority that differs from a matched block's is reported first, in its
+    own ``updated`` event with ``cache_level`` None; the claim then sets it (*latest
+    claim wins*) and always replaces the duration (``evictionPolicy.cpp::claimBlock``);
+  - a matched host block is onboarded, reported in a second ``updated`` event with
+    ``priority`` None (``WindowBlockManager::onboardBlock``);
+  - with ``enable_partial_reuse`` the first non-exact key may match a child by its
+    longest common token prefix (``KVCacheBlock::findMatchingBlock``); a partially
+    matched block in use or not a leaf is copied, else taken out of the tree without an
+    event (``freeLeafBlock``); matching stops there; partial matches count as reused
+    blocks, and the request's ``cached_tokens`` counts the tokens matched;
+  - a miss takes a free block (``getFreeBlock``);
 - token ranges map to blocks by each block's first token
   (``cpp/tensorrt_llm/executor/kvCacheRetentionConfig.cpp``);
 - per level, 101 free queues (one per priority), LRU inside; a free block is taken from
-  the front of the lowest non-empty queue, leaves only (``batch_manager/evictionPolicy.cpp``);
+  the front of the lowest non-empty queue (``evictionPolicy.cpp``);
 - a GPU victim with priority ≥ 30 is offloaded when the host can take it (keeps its
   priority, loses its duration, ``updated`` 0→1); otherwise it is dropped **with its
-  subtree** (``removed``) (``WindowBlockManager::getFreeBlock``, ``freeChildren``);
+  subtree**, children listed first in ``removed`` (``getFreeBlock``, ``freeChildren``);
 - a released block with a duration and a non-default priority expires ``duration`` after
-  its **last release** back to priority 35 (``evictionPolicy.cpp::refresh``);
-- context blocks are stored after prefill, decode blocks at the end with the decode
-  priority (``kvCacheManager.cpp::storeContextBlocks`` / ``storeBlocksForReuse``);
+  its **last release** back to priority 35 (``evictionPolicy.cpp::releaseBlock``/``refresh``);
+- context blocks (full blocks of the prompt minus its last token) are stored after
+  prefill (``KVCacheManager::storeContextBlocks``); at the end, every block of the
+  sequence minus its last token, **the trailing partial block included**, is stored with
+  the blocks' own priorities, decode blocks at the decode priority
+  (``WindowBlockManager::releaseBlocks``/``storeBlocks``); blocks are released last first;
 - events carry consecutive ids in the ``KVCacheEventSerializer`` dict schema
-  (``tensorrt_llm/_utils.py``); consecutive removes are batched; the ring keeps
-  ``event_buffer_max_size`` events and drops the oldest on overflow
-  (``kvCacheEventManager.cpp``);
+  (``tensorrt_llm/_utils.py``); they are flushed once per iteration into a ring of
+  ``event_buffer_max_size`` that drops the oldest on overflow (``kvCacheEventManager.cpp``);
+  consecutive removes of one window are batched; with ``late_removals`` (1.2.x) an
+  iteration's removes are flushed after its other events, so a ``removed(h)`` can follow
+  the re-store of ``h`` (main orders them first since PR #11883, 2026-03);
+- models with several attention windows: each extra window's events are copies of the
+  main window's (same pool size, same keys), and per-request metrics are summed over
+  windows, as ``KVCacheManager::addSequence`` sums the manager counters;
 - per-request ``kv_cache_metrics`` (``tensorrt_llm/executor/result.py`` perf metrics).
 
-Not modelled: partial-block reuse (``enable_partial_reuse``), beam search, multiple
-attention windows, LoRA ids, the KV connector. Block hashes are the fake's own 64-bit
-chained hash over (parent hash, tokens, cache salt on the first block), not
-``BlockKeyHasher``'s values.
+Not modelled: beam search, LoRA ids, the KV connector, sliding-window detach, and two
+rules of ``evictionPolicy.cpp`` that differ from this fake: empty blocks sit in the
+priority-35 queue (so a cached block below 35 is evicted before empty blocks are used),
+and a queue's front is taken even when it has children.
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import logging
 import math
@@ -45,44 +65,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, OFFLOAD_MIN_PRIORITY
+from pbkv.engines.trtllm.blockkey import block_key_hash, cache_salt_id, prompt_block_hashes
 
 log = logging.getLogger(__name__)
 
 GPU, HOST = 0, 1
 
-
-_MASK = (1 << 64) - 1
-
-
-def _salt_key(cache_salt: str) -> int:
-    if not cache_salt:
-        return 0
-    return int.from_bytes(hashlib.blake2b(cache_salt.encode(), digest_size=8).digest(), "little")
+__all__ = [
+    "GPU",
+    "HOST",
+    "BlockManagerConfig",
+    "FakeBlockManager",
+    "KvCacheMetrics",
+    "block_hash",
+    "per_block_retention",
+    "prompt_block_hashes",
+]
 
 
 def block_hash(tokens: Sequence[int], parent_hash: int | None, cache_salt: str = "") -> int:
-    """Return the fake's 64-bit hash of one full block, chained over its prefix.
+    """Return the engine's hash of one block under ``parent_hash`` (``None``: the root).
 
-    The cache salt enters the first block's hash, so every later block differs too
-    (tenants never share blocks). Deterministic across processes (no ``str`` hashing).
+    The cache salt enters the first block's hash only, so every later block differs too
+    (``BlockKeyHasher::hash``; see :func:`pbkv.engines.trtllm.blockkey.block_key_hash`).
     """
-    head = _salt_key(cache_salt) if parent_hash is None else parent_hash
-    return hash((head, parent_hash is None, *tokens)) & _MASK
-
-
-def prompt_block_hashes(
-    prompt_token_ids: Sequence[int], tokens_per_block: int, cache_salt: str = ""
-) -> list[int]:
-    """Return the hashes of the prompt's reusable blocks: full blocks of all but its last
-    token (the last prompt token is never reused)."""
-    hashes: list[int] = []
-    parent: int | None = None
-    usable = len(prompt_token_ids) - 1
-    tokens = tuple(prompt_token_ids)
-    for start in range(0, usable - usable % tokens_per_block, tokens_per_block):
-        parent = block_hash(tokens[start : start + tokens_per_block], parent, cache_salt)
-        hashes.append(parent)
-    return hashes
+    return block_key_hash(tokens, parent_hash or 0, cache_salt_id(cache_salt))
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +102,11 @@ class BlockManagerConfig:
         event_buffer_max_size: KV-event ring size; 0 disables events.
         onboard_blocks: allow host→GPU onboarding (False also stops offloading, as V1).
         secondary_offload_min_priority: fixed at 30 in 1.2's PyTorch backend.
-        window_size: the attention window reported in every event envelope.
+        enable_partial_reuse / copy_on_partial_reuse: ``KvCacheConfig``'s (both on by default).
+        window_size: the attention window reported in the events' envelope.
+        extra_window_sizes: other attention windows of the model (VSWA); their events
+            are copies of the main window's.
+        late_removals: 1.2.x event order (an iteration's removes after its other events).
     """
 
     tokens_per_block: int = 32
@@ -104,11 +115,25 @@ class BlockManagerConfig:
     event_buffer_max_size: int = 1024
     onboard_blocks: bool = True
     secondary_offload_min_priority: int = OFFLOAD_MIN_PRIORITY
+    enable_partial_reuse: bool = True
+    copy_on_partial_reuse: bool = True
     window_size: int = 1 << 20
+    extra_window_sizes: tuple[int, ...] = ()
+    late_removals: bool = True
 
     def __post_init__(self) -> None:
         if self.tokens_per_block < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
             raise ValueError(f"bad block manager sizes: {self}")
+        if self.window_size in self.extra_window_sizes:
+            raise ValueError(f"extra_window_sizes repeats the main window {self.window_size}")
+
+    @property
+    def window_sizes(self) -> tuple[int, ...]:
+        """Every window, ascending (the order the engine's managers emit in)."""
+        return tuple(sorted({self.window_size, *self.extra_window_sizes}))
+
+
+Key = tuple[int | None, tuple[int, ...]]  # (cache salt id, tokens): a child's name
 
 
 @dataclass(eq=False, slots=True)
@@ -117,9 +142,11 @@ class Block:
 
     block_id: int
     tokens: tuple[int, ...] = ()
-    hash: int | None = None
+    salt: int | None = None
+    hash: int = 0
     parent: Block | None = None
-    children: dict[int, Block] = field(default_factory=dict)
+    children: dict[Key, Block] = field(default_factory=dict)
+    in_tree: bool = False
     level: int = GPU
     priority: int = DEFAULT_PRIORITY
     duration_s: float | None = None
@@ -129,13 +156,13 @@ class Block:
     level_children: list[int] = field(default_factory=lambda: [0, 0])
 
     @property
-    def in_tree(self) -> bool:
-        return self.hash is not None
+    def key(self) -> Key:
+        return (self.salt, self.tokens)
 
     @property
     def free(self) -> bool:
         """In the tree with no reference: sits in a free queue."""
-        return self.hash is not None and self.ref_count == 0
+        return self.in_tree and self.ref_count == 0
 
     @property
     def leaf(self) -> bool:
@@ -145,7 +172,8 @@ class Block:
 
 @dataclass(frozen=True, slots=True)
 class KvCacheMetrics:
-    """``request_perf_metrics.kv_cache_metrics`` of one request (upstream field names)."""
+    """``request_perf_metrics.kv_cache_metrics`` of one request (upstream field names),
+    summed over attention windows as upstream sums them."""
 
     num_total_allocated_blocks: int
     num_new_allocated_blocks: int
@@ -156,20 +184,23 @@ class KvCacheMetrics:
 
 @dataclass(eq=False, slots=True)
 class GenerationSequence:
-    """A running request's blocks (``GenerationRequest`` upstream)."""
+    """A running request's blocks (``GenerationRequest`` upstream).
+
+    ``cached_tokens`` is the prompt tokens matched at admission, partial matches
+    included (``prepopulatedPromptLen``).
+    """
 
     request_id: int
     tokens: list[int]
     prompt_tokens: int
-    cache_salt: str
+    salt: int | None
     blocks: list[Block]
-    per_block: list[tuple[int | None, float | None]]
     decode_priority: int
     decode_duration_s: float | None
     metrics: KvCacheMetrics
+    cached_tokens: int
     onboarded_blocks: int
     reserved_blocks: int
-    stored_blocks: int = 0
 
 
 @dataclass(slots=True)
@@ -179,6 +210,7 @@ class FakeCounters:
     reused_gpu_blocks: int = 0
     onboarded_blocks: int = 0
     missed_blocks: int = 0
+    partial_reused_blocks: int = 0
     offloaded_blocks: int = 0
     dropped_blocks: int = 0
     host_evicted_blocks: int = 0
@@ -194,7 +226,8 @@ class FakeBlockManager:
 
     The caller (``SimLLM``, or a test) plays the executor: ``add_sequence`` at
     admission, ``store_context_blocks`` after prefill, ``add_token`` per decoded token,
-    ``remove_sequence`` at the end; ``get_latest_events`` drains the ring.
+    ``remove_sequence`` at the end, ``flush_iteration_events`` once per iteration;
+    ``get_latest_events`` flushes and drains the ring.
     """
 
     def __init__(self, config: BlockManagerConfig, clock: Callable[[], float]) -> None:
@@ -209,47 +242,81 @@ class FakeBlockManager:
         self._heaps: list[list[tuple[int, int, int, Block]]] = [[], []]
         self._free_count = [0, 0]
         self._expiries: list[tuple[float, int, Block]] = []
-        self._tree: dict[int, Block] = {}
-        self._roots: dict[int, Block] = {}
+        self._root = Block(-1, in_tree=True)
+        self._tree: dict[int, Block] = {}  # hash -> block in the tree
         self._sequences: dict[int, GenerationSequence] = {}
         self._reserved = 0
         self._ids = 0
         self._seq = 0
         self._event_id = 0
-        self._events: deque[dict[str, Any]] = deque()
+        self._iteration: list[dict[str, Any]] = []  # events of the current iteration
+        self._late_removed: dict[int, list[int]] = {}  # window -> hashes (late_removals)
+        self._events: deque[dict[str, Any]] = deque()  # the flushed ring
         self.counters = FakeCounters()
-        self._emit({"type": "created", "num_blocks_per_cache_level": list(self.num_blocks)})
+        for window in config.window_sizes:
+            self._enqueue(
+                {"type": "created", "num_blocks_per_cache_level": list(self.num_blocks)}, window
+            )
 
     # -- events -----------------------------------------------------------------------
 
     def _emit(self, data: dict[str, Any]) -> None:
-        size = self.config.event_buffer_max_size
-        if size == 0:
+        """Queue one event for every attention window (copies for the extra ones)."""
+        if self.config.event_buffer_max_size == 0:
             return
-        if (
-            data["type"] == "removed"
-            and self._events
-            and self._events[-1]["data"]["type"] == "removed"
-        ):
-            self._events[-1]["data"]["block_hashes"].extend(data["block_hashes"])
+        for window in self.config.window_sizes:
+            event = dict(data)
+            if data["type"] == "removed":
+                event["block_hashes"] = list(data["block_hashes"])  # extended in place
+                self._enqueue_removed(event, window)
+            else:
+                self._enqueue(event, window)
+
+    def _enqueue_removed(self, data: dict[str, Any], window: int) -> None:
+        if self.config.late_removals:
+            self._late_removed.setdefault(window, []).extend(data["block_hashes"])
             return
-        if len(self._events) >= size:
-            self._events.popleft()
-            self.counters.events_dropped += 1
-            log.warning("The event queue has reached the max size of %d; dropping the oldest", size)
-        self._events.append(
-            {"event_id": self._event_id, "data": data, "window_size": self.config.window_size}
-        )
+        last = self._iteration[-1] if self._iteration else None
+        if last and last["window_size"] == window and last["data"]["type"] == "removed":
+            last["data"]["block_hashes"].extend(data["block_hashes"])
+        else:
+            self._enqueue(data, window)
+
+    def _enqueue(self, data: dict[str, Any], window: int) -> None:
+        self._iteration.append({"event_id": self._event_id, "data": data, "window_size": window})
         self._event_id += 1
 
+    def flush_iteration_events(self) -> None:
+        """End an iteration: move its events into the ring (``flushIterationEvents``).
+
+        With ``late_removals`` the iteration's removes come last, one event per window.
+        Mutates: the ring (dropping its oldest events on overflow).
+        """
+        for window, hashes in self._late_removed.items():
+            self._enqueue({"type": "removed", "block_hashes": hashes}, window)
+        self._late_removed.clear()
+        size = self.config.event_buffer_max_size
+        dropped = 0
+        for event in self._iteration:
+            if len(self._events) >= size:
+                self._events.popleft()
+                dropped += 1
+            self._events.append(event)
+        self._iteration.clear()
+        if dropped:
+            self.counters.events_dropped += dropped
+            log.warning("The event queue has reached the max size of %d; dropping the oldest", size)
+
     def get_latest_events(self) -> list[dict[str, Any]]:
-        """Drain and return the buffered events, oldest first."""
+        """Flush the current iteration, then drain and return the ring, oldest first."""
+        self.flush_iteration_events()
         out = list(self._events)
         self._events.clear()
         return out
 
     @property
     def pending_events(self) -> int:
+        """Events flushed to the ring and not yet drained."""
         return len(self._events)
 
     # -- queries ----------------------------------------------------------------------
@@ -263,36 +330,38 @@ class FakeBlockManager:
         return self._free_count[level]
 
     def lookup(self, h: int) -> Block | None:
+        """The block with hash ``h`` in the tree, if any. Does not modify the manager."""
         return self._tree.get(h)
 
     def blocks_needed(self, prompt_tokens: int, max_new_tokens: int) -> int:
         return math.ceil((prompt_tokens + max_new_tokens) / self.tokens_per_block)
 
-    def can_add(
-        self,
-        prompt_token_ids: Sequence[int],
-        max_new_tokens: int,
-        salt: str = "",
-        hashes: Sequence[int] | None = None,
-    ) -> bool:
+    def can_add(self, prompt_token_ids: Sequence[int], max_new_tokens: int, salt: str = "") -> bool:
         """Whether a request fits now with every block reserved (GUARANTEED_NO_EVICT).
 
-        ``hashes`` are the prompt's block hashes if the caller has them. Does not modify
-        the manager.
+        Counts only exact full-block matches on GPU as held (a partial match may need a
+        copy). Does not modify the manager.
         """
         held = claimed_free = 0
-        if hashes is None:
-            hashes = prompt_block_hashes(prompt_token_ids, self.tokens_per_block, salt)
-        for h in hashes:
-            b = self._tree.get(h)
-            if b is None:
+        node = self._root
+        for key in self._keys(prompt_token_ids, cache_salt_id(salt), partial=False):
+            child = node.children.get(key)
+            if child is None:
                 break
-            if b.level == GPU:
+            if child.level == GPU:
                 held += 1
-                claimed_free += b.ref_count == 0
+                claimed_free += child.ref_count == 0
+            node = child
         need = self.blocks_needed(len(prompt_token_ids), max_new_tokens) - held
         available = self.free_blocks(GPU) + self.reusable_blocks(GPU) - claimed_free
         return need <= available - self._reserved
+
+    def _keys(self, tokens: Sequence[int], salt: int | None, *, partial: bool) -> list[Key]:
+        """Block keys of ``tokens`` minus the last one (``chopVectorIntoBlocks``)."""
+        bs = self.tokens_per_block
+        usable = len(tokens) - 1
+        end = usable if partial else usable - usable % bs
+        return [(salt, tuple(tokens[i : min(i + bs, end)])) for i in range(0, max(end, 0), bs)]
 
     # -- admission ----------------------------------------------------------------------
 
@@ -303,7 +372,6 @@ class FakeBlockManager:
         max_new_tokens: int,
         retention: Any = None,
         cache_salt: str = "",
-        hashes: Sequence[int] | None = None,
     ) -> GenerationSequence:
         """Match, claim, onboard and allocate the prompt's blocks (``addSequence``).
 
@@ -311,28 +379,23 @@ class FakeBlockManager:
             retention: a ``KvCacheRetentionConfig`` (real or stand-in) or ``None``.
 
         Raises:
-            ValueError: an unknown or duplicate request id, or a request that cannot fit.
+            ValueError: a duplicate request id, or a request that cannot fit.
 
         Mutates: the tree, free queues, events.
         """
         if request_id in self._sequences:
             raise ValueError(f"request {request_id} already has a sequence")
-        bs = self.tokens_per_block
-        if hashes is None:
-            hashes = prompt_block_hashes(prompt_token_ids, bs, cache_salt)
-        if not self.can_add(prompt_token_ids, max_new_tokens, cache_salt, hashes):
+        if not self.can_add(prompt_token_ids, max_new_tokens, cache_salt):
             raise ValueError(f"request {request_id} does not fit in the GPU pool now")
+        bs = self.tokens_per_block
         prompt = list(prompt_token_ids)
+        salt = cache_salt_id(cache_salt)
+        keys = self._keys(prompt, salt, partial=True)
+        if len(prompt) % bs == 1:
+            keys.append((salt, ()))  # the last token starts a block of its own
         n_blocks = math.ceil(len(prompt) / bs)
         per_block = per_block_retention(retention, bs, n_blocks)
-        blocks: list[Block] = []
-        onboarded = 0
-        for i, h in enumerate(hashes):
-            b = self._tree.get(h)
-            if b is None:
-                break
-            onboarded += self._claim(b, *per_block[i])
-            blocks.append(b)
+        blocks, matched_tokens, onboarded, partial = self._match(keys, per_block)
         reused = len(blocks)
         for i in range(reused, n_blocks):
             blocks.append(self._allocate(*per_block[i]))
@@ -343,48 +406,102 @@ class FakeBlockManager:
         c.reused_gpu_blocks += reused - onboarded
         c.onboarded_blocks += onboarded
         c.missed_blocks += missed
-        metrics = KvCacheMetrics(n_blocks, missed, reused, missed, reused / n_blocks)
+        c.partial_reused_blocks += partial
+        w = len(self.config.window_sizes)  # upstream sums every window's counters
+        metrics = KvCacheMetrics(
+            w * n_blocks, w * missed, w * reused, w * missed, reused / n_blocks
+        )
         seq = GenerationSequence(
             request_id,
             prompt,
             len(prompt),
-            cache_salt,
+            salt,
             blocks,
-            per_block,
             getattr(retention, "decode_retention_priority", DEFAULT_PRIORITY),
             _seconds(getattr(retention, "decode_duration_ms", None)),
             metrics,
+            matched_tokens,
             onboarded,
             reserved_blocks=total,
-            stored_blocks=reused,
         )
         self._sequences[request_id] = seq
         return seq
 
-    def _claim(self, b: Block, priority: int | None, duration_s: float | None) -> int:
-        """Take a reference on a matched block; re-tag it; onboard it. Returns 1 if onboarded."""
-        if b.ref_count == 0:
+    def _match(
+        self, keys: list[Key], per_block: list[tuple[int | None, float | None]]
+    ) -> tuple[list[Block], int, int, int]:
+        """Claim the tree's blocks matching ``keys`` (``loadOrAllocateBlocks``' hits).
+
+        Returns:
+            The claimed blocks, the tokens they match, how many were onboarded, and
+            whether the last one was a partial match (0 or 1).
+        """
+        blocks: list[Block] = []
+        matched = onboarded = 0
+        node = self._root
+        for i, key in enumerate(keys):
+            hit = self._find(node, key)
+            if hit is None:
+                break
+            is_partial, n_tokens, block = hit
+            matched += n_tokens
+            priority, duration_s = per_block[i]
+            if priority is not None and block.priority != priority:
+                self._emit(_updated(block.hash, None, (block.priority, priority)))
+            if is_partial and (block.ref_count > 0 or not block.leaf):
+                block = self._allocate(block.priority, block.duration_s)  # a copy
+            else:
+                self._claim(block, priority, duration_s)
+                if is_partial:
+                    self._unlink(block)  # freeLeafBlock: leaves the tree, no event
+                onboarded += self._onboard(block)
+            blocks.append(block)
+            if is_partial:
+                return blocks, matched, onboarded, 1
+            node = block
+        return blocks, matched, onboarded, 0
+
+    def _find(self, node: Block, key: Key) -> tuple[bool, int, Block] | None:
+        """``KVCacheBlock::findMatchingBlock``: ``(partial, tokens matched, block)``."""
+        salt, tokens = key
+        if not tokens or not node.children:
+            return None
+        exact = node.children.get(key)
+        if exact is not None:
+            return len(exact.tokens) < self.tokens_per_block, len(tokens), exact
+        if not self.config.enable_partial_reuse:
+            return None
+        best, best_n = None, 0
+        for (child_salt, child_tokens), child in node.children.items():
+            if child_salt != salt:
+                continue
+            if not self.config.copy_on_partial_reuse and (child.ref_count or not child.leaf):
+                continue
+            n = _common_prefix(child_tokens, tokens)
+            if n > best_n:
+                best, best_n = child, n
+        return None if best is None else (True, best_n, best)
+
+    def _claim(self, b: Block, priority: int | None, duration_s: float | None) -> None:
+        """Take a reference on a block; set its priority if given; always replace its
+        duration (``evictionPolicy.cpp::claimBlock``)."""
+        if b.ref_count == 0 and b.in_tree:
             self._free_count[b.level] -= 1
         b.ref_count += 1
-        old = b.priority
         if priority is not None:
             b.priority = priority
-        b.duration_s = duration_s  # a claim always replaces the duration, even clearing it
+        b.duration_s = duration_s
         b.expiry_s = None
-        onboard = b.level == HOST
-        if onboard:
-            self._take(GPU)
-            self._used[HOST] -= 1
-            self._move(b, GPU)
-        if onboard or b.priority != old:
-            self._emit(
-                _updated(
-                    b.hash,
-                    (HOST, GPU) if onboard else None,
-                    (old, b.priority) if b.priority != old else None,
-                )
-            )
-        return int(onboard)
+
+    def _onboard(self, b: Block) -> int:
+        """Bring a host block to GPU (``WindowBlockManager::onboardBlock``); 1 if it moved."""
+        if b.level != HOST or not self.config.onboard_blocks:
+            return 0
+        self._take(GPU)
+        self._used[HOST] -= 1
+        self._move(b, GPU)
+        self._emit(_updated(b.hash, (HOST, GPU), None))
+        return 1
 
     def _allocate(self, priority: int | None, duration_s: float | None) -> Block:
         self._take(GPU)
@@ -438,7 +555,7 @@ class FakeBlockManager:
 
     def _push(self, b: Block) -> None:
         """Queue ``b`` for eviction if it is a free leaf (its place: priority, release order)."""
-        if b.free and b.leaf:
+        if b is not self._root and b.free and b.leaf:
             heapq.heappush(self._heaps[b.level], (b.priority, b.release_seq, b.block_id, b))
 
     def _move(self, b: Block, level: int) -> None:
@@ -449,7 +566,7 @@ class FakeBlockManager:
             self._free_count[old] -= 1
             self._free_count[level] += 1
         parent = b.parent
-        if parent is not None:
+        if parent is not None and b.in_tree:
             parent.level_children[old] -= 1
             parent.level_children[level] += 1
             self._push(parent)
@@ -474,29 +591,35 @@ class FakeBlockManager:
         self._emit(_updated(b.hash, (GPU, HOST), None))
 
     def _drop(self, b: Block) -> None:
-        """Remove ``b`` and its whole subtree from the tree (``freeChildren``)."""
+        """Remove ``b`` and its whole subtree from the tree, children first
+        (``freeChildren``)."""
         removed: list[int] = []
-        stack = [b]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            assert node.ref_count == 0 and node.hash is not None
-            self._free_count[node.level] -= 1
-            del self._tree[node.hash]
-            self._used[node.level] -= 1
-            if node is b and node.level == HOST:
-                self.counters.host_evicted_blocks += 1
-            else:
-                self.counters.dropped_blocks += 1
-            removed.append(node.hash)
-            node.hash = None
-        if b.parent is not None:
-            del b.parent.children[removed[0]]
-            b.parent.level_children[b.level] -= 1
-            self._push(b.parent)
-        else:
-            del self._roots[removed[0]]
+        self._drop_subtree(b, removed)
+        evicted_from_host = int(b.level == HOST)
+        self.counters.host_evicted_blocks += evicted_from_host
+        self.counters.dropped_blocks += len(removed) - evicted_from_host
         self._emit({"type": "removed", "block_hashes": removed})
+
+    def _drop_subtree(self, node: Block, removed: list[int]) -> None:
+        for child in list(node.children.values()):
+            self._drop_subtree(child, removed)
+        assert node.ref_count == 0 and node.in_tree
+        self._free_count[node.level] -= 1
+        self._used[node.level] -= 1
+        removed.append(node.hash)
+        self._unlink(node)
+
+    def _unlink(self, b: Block) -> None:
+        """Take ``b`` out of the tree (its children must be gone or follow)."""
+        parent = b.parent
+        assert parent is not None
+        del parent.children[b.key]
+        parent.level_children[b.level] -= 1
+        self._push(parent)
+        if self._tree.get(b.hash) is b:
+            del self._tree[b.hash]
+        b.in_tree = False
+        b.parent = None
 
     def refresh(self) -> None:
         """Move free blocks whose duration has lapsed back to priority 35."""
@@ -510,9 +633,10 @@ class FakeBlockManager:
     # -- running -------------------------------------------------------------------------
 
     def store_context_blocks(self, request_id: int) -> None:
-        """Insert the prompt's full blocks into the tree after prefill (``stored`` event)."""
+        """Store the prompt's full blocks (minus its last token) after prefill
+        (``KVCacheManager::storeContextBlocks``; ``stored`` event)."""
         seq = self._sequences[request_id]
-        self._store(seq, seq.prompt_tokens // self.tokens_per_block)
+        self._store(seq, self._keys(seq.tokens[: seq.prompt_tokens], seq.salt, partial=False))
 
     def add_token(self, request_id: int, token_id: int) -> None:
         """Append one generated token, taking a decode block at each block boundary."""
@@ -524,46 +648,52 @@ class FakeBlockManager:
             seq.blocks.append(self._allocate(seq.decode_priority, seq.decode_duration_s))
 
     def remove_sequence(self, request_id: int) -> KvCacheMetrics:
-        """Store the decode blocks, then release every block (``removeSequence``).
+        """Store every block, the trailing partial one included, then release them last
+        first (``WindowBlockManager::releaseBlocks``).
 
         Returns:
             The request's KV-cache metrics.
         """
         seq = self._sequences.pop(request_id)
-        self._store(seq, len(seq.tokens) // self.tokens_per_block)
+        self._store(seq, self._keys(seq.tokens, seq.salt, partial=True))
         self._reserved -= max(0, seq.reserved_blocks - len(seq.blocks))  # the unused promise
-        for b in seq.blocks:
+        for b in reversed(seq.blocks):
             self._release(b)
         return seq.metrics
 
-    def _store(self, seq: GenerationSequence, full_blocks: int) -> None:
-        """Insert blocks ``stored_blocks..full_blocks`` under the sequence's stored prefix.
+    def _store(self, seq: GenerationSequence, keys: list[Key]) -> None:
+        """Insert the sequence's blocks for ``keys`` into the tree (``storeBlocks``).
 
-        Storing stops at a block another request stored first; the rest stay private
-        and are freed at release.
+        Walks the tree while keys match; from the first miss on, inserts the sequence's
+        own blocks (a block matched by another request's stays private and is freed at
+        release). One ``stored`` event for the inserted blocks.
         """
-        bs = self.tokens_per_block
-        parent = seq.blocks[seq.stored_blocks - 1] if seq.stored_blocks else None
-        if parent is not None and not parent.in_tree:
-            return  # the chain broke at an earlier duplicate
-        first_parent = parent.hash if parent is not None else None
-        stored: list[dict[str, Any]] = []
-        for i in range(seq.stored_blocks, full_blocks):
-            b = seq.blocks[i]
-            tokens = tuple(seq.tokens[i * bs : (i + 1) * bs])
-            h = block_hash(tokens, parent.hash if parent is not None else None, seq.cache_salt)
-            if h in self._tree:
-                break
-            b.tokens, b.hash, b.parent = tokens, h, parent
-            self._tree[h] = b
-            (parent.children if parent is not None else self._roots)[h] = b
-            if parent is not None:
-                parent.level_children[b.level] += 1
-            stored.append(_stored_block(b))
-            parent = b
-        seq.stored_blocks = max(seq.stored_blocks, full_blocks)
+        node, matching = self._root, True
+        stored: list[Block] = []
+        for key, b in zip(keys, seq.blocks, strict=False):
+            if matching:
+                hit = node.children.get(key)
+                if hit is not None:
+                    node = hit
+                    continue
+                matching = False
+            b.salt, b.tokens = key
+            b.hash = block_key_hash(b.tokens, node.hash, b.salt)
+            b.parent, b.in_tree = node, True
+            node.children[key] = b
+            node.level_children[b.level] += 1
+            self._tree[b.hash] = b
+            stored.append(b)
+            node = b
         if stored:
-            self._emit({"type": "stored", "parent_hash": first_parent, "blocks": stored})
+            parent = stored[0].parent
+            self._emit(
+                {
+                    "type": "stored",
+                    "parent_hash": None if parent is self._root or parent is None else parent.hash,
+                    "blocks": [_stored_block(b) for b in stored],
+                }
+            )
 
     def _release(self, b: Block) -> None:
         b.ref_count -= 1
@@ -622,6 +752,15 @@ def per_block_retention(
     return out
 
 
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _seconds(duration: Any) -> float | None:
     if duration is None:
         return None
@@ -635,8 +774,10 @@ def _diff(old: int, new: int) -> dict[str, Any]:
 
 
 def _updated(
-    h: int | None, level: tuple[int, int] | None, priority: tuple[int, int] | None
+    h: int, level: tuple[int, int] | None, priority: tuple[int, int] | None
 ) -> dict[str, Any]:
+    """An ``updated`` event: upstream sends a level change and a priority change in
+    separate events, the other field None (``KVCacheUpdatedData``)."""
     return {
         "type": "updated",
         "block_hash": h,

@@ -144,6 +144,9 @@ class MirrorKV:
         tokens_per_block: the engine's page size.
         horizon / gamma: score horizon ``K`` and decay (paper Eq. 2).
         bands: the priority bands.
+        resync_events: the mirror's resync window after an event gap.
+        max_expected_blocks: announced blocks waiting for their ``stored`` event, at
+            most (the oldest are forgotten: blocks of failed or never-stored requests).
     """
 
     def __init__(
@@ -155,17 +158,19 @@ class MirrorKV:
         gamma: float = 0.8,
         bands: Bands | None = None,
         resync_events: int = 1024,
+        max_expected_blocks: int = 1 << 16,
     ) -> None:
         self.policy: Policy = get_policy(policy)
         self.tokens_per_block = tokens_per_block
         self.horizon = horizon
         self.bands = bands or Bands()
         self.scores = ScoreBoard(self._reprioritize, gamma)
-        self.mirror = Mirror(resync_events, on_remove=self._on_remove)
+        self.mirror = Mirror(resync_events, self._on_remove, tokens_per_block)
         self._retired: dict[MirrorBlock, None] = {}  # demotion candidates (ordered)
         self._deepest: dict[tuple[str, str], MirrorBlock] = {}  # (workflow, agent) -> block
         self._forecasts: dict[str, tuple[np.ndarray, tuple[str, ...]]] = {}
-        self._expected: dict[int, list[tuple[str, str, str]]] = {}
+        self._expected: dict[int, list[tuple[str, str, str]]] = {}  # oldest first
+        self.max_expected_blocks = max_expected_blocks
         self.step_s = 0.0  # running mean of an invocation's latency (next-use time unit)
         self._steps_seen = 0
         self.changed = 0  # bumps on every state change
@@ -243,12 +248,16 @@ class MirrorKV:
                 self._note_deepest(workflow_id, agent, blocks[-1])
             for h in hashes[len(blocks) :]:
                 self._expected.setdefault(h, []).append((workflow_id, agent, salt))
+            while len(self._expected) > self.max_expected_blocks:  # never stored: forget
+                del self._expected[next(iter(self._expected))]
         return blocks
 
     def on_stored(self) -> None:
         """Give newly mirrored blocks the accessors their requests announced."""
-        for h in [h for h in self._expected if h in self.mirror.blocks]:
-            block = self.mirror.blocks[h]
+        for h in self.mirror.drain_new():
+            block = self.mirror.blocks.get(h)
+            if block is None or h not in self._expected:
+                continue
             for workflow_id, agent, salt in self._expected.pop(h):
                 block.salt = salt
                 self.scores.touch([block], workflow_id, agent)
