@@ -14,13 +14,13 @@ log:
   sooner than that of the resident key needed farthest in the future (bypass allowed);
   a key whose next occurrence is an insert is worth nothing to keep (it can be cached
   again for free then). Among keys needed equally far it evicts the one first seen last
-  (a block before its prefix: an access lists a prompt from its first block, so a block's
-  prefix is never needed later than the block), and it counts an access's hits up to its
-  first miss, as a radix tree matches: prefix-closed. Ties do not change MIN's count,
-  so it is still the optimum over every cache of that many blocks on the same order; it
-  ignores leases and reservations, so it bounds every demand policy (no prefetch) on
-  that order; prefetching can beat the GPU figure, demand caching cannot. Computed over
-  each row's own access order (a scheduler changes the order).
+  (a block before its prefix). It counts every resident key of an access as a hit, past
+  a miss too: counting only up to the first miss (as a radix tree matches) is tighter
+  but no longer a bound, since MIN's farthest-need choices are not prefix-closed (a
+  pbkv row's total hit exceeded it on hover, 144 workflows, c=72). It ignores the prefix
+  rule, leases and reservations, so it bounds every demand policy (no prefetch) on that
+  order; prefetching can beat the GPU figure, demand caching cannot. Computed over each
+  row's own access order (a scheduler changes the order).
 
 Plain synchronous code; no trio, no engine.
 """
@@ -175,10 +175,7 @@ def min_hits(log: AccessLog, capacity_blocks: int) -> int:
     pos = 0
     for is_access, keys in log.events:
         if is_access:
-            for k in keys:
-                if k not in resident:
-                    break
-                hits += 1
+            hits += sum(k in resident for k in keys)
         for k in keys:
             n = need[pos]
             pos += 1

@@ -435,7 +435,7 @@ def bounds_table(results: Sequence[PolicyResult], bounds: Bounds, time_unit: str
         ("ceiling", "total hit%", b.ceiling_hit_rate, "total_hit_rate",
          "infinite cache, any order of the requests"),
         ("MIN", "GPU hit%", b.min_hit_rate, "gpu_hit_rate",
-         f"exact offline, prefix-closed, over each row's own access order (value: "
+         f"exact offline over each row's own access order (value: "
          f"{b.min_order}'s); bounds demand policies"),
         ("MIN", "total hit%", b.min_total_hit_rate, "total_hit_rate",
          "the same at GPU + host capacity; bounds every row"),
