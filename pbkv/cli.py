@@ -840,6 +840,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_predictor_commands(sub)
     _add_serve(sub)
+    from pbkv.cluster import add_cluster_parser
+
+    add_cluster_parser(sub)
     return parser
 
 
