@@ -34,9 +34,10 @@ log = logging.getLogger(__name__)
 MODEL_NAME = "pbkv-sim"
 """The served model's name when none is given."""
 
-ROUTER_MODES = ("kv", "kv-affinity", "round-robin")
-"""Frontend placements: Dynamo's KV router, the same with session affinity (every turn of
-a workflow on one replica), round-robin."""
+ROUTER_MODES = ("pbkv", "kv", "kv-affinity", "round-robin")
+"""Placements: pbkv's router service (:mod:`pbkv.integrations.dynamo.router`, in front
+of the workers), or the frontend's own: Dynamo's KV router, the same with session
+affinity (every turn of a workflow on one replica), round-robin."""
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
@@ -147,6 +148,7 @@ class Cluster:
     env: dict[str, str]
     nats: subprocess.Popen[bytes] | None = None
     frontend: subprocess.Popen[bytes] | None = None
+    router: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _own_workdir: bool = False
 
@@ -174,11 +176,12 @@ class Cluster:
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop workers, frontend and NATS, in that order: SIGTERM, then SIGKILL after
         ``grace_s``. Idempotent."""
-        for proc in [*self.workers, self.frontend, self.nats]:
+        procs = [*self.workers, self.router, self.frontend, self.nats]
+        for proc in procs:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for proc in [*self.workers, self.frontend, self.nats]:
+        for proc in procs:
             if proc is None:
                 continue
             try:
@@ -253,6 +256,8 @@ def start_cluster(spec: ClusterSpec, *, timeout_s: float = 90.0) -> Cluster:
             workdir / "nats.log",
         )
         _wait_port(nats_port, cluster.nats, workdir / "nats.log", timeout_s)
+        if spec.router == "pbkv":
+            cluster.router = _spawn(_router_args(spec, model), cluster.env, workdir / "router.log")
         for i in range(spec.replicas):
             cluster.workers.append(
                 _spawn(
@@ -277,10 +282,24 @@ def _resolved(spec: ClusterSpec, http_port: int, nats_port: int) -> ClusterSpec:
     return replace(spec, http_port=http_port, nats_port=nats_port)
 
 
+def worker_model_name(spec: ClusterSpec) -> str:
+    """Return the name the workers register: the public one, or behind pbkv's router
+    service ``{model}-replicas`` (the service registers the public one)."""
+    return f"{spec.model_name}-replicas" if spec.router == "pbkv" else spec.model_name
+
+
+def _router_args(spec: ClusterSpec, model: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "pbkv.integrations.dynamo.router",
+        "--model-path", str(model), "--model-name", spec.model_name,
+        "--block-size", str(spec.block_size),
+    ]  # fmt: skip
+
+
 def _worker_args(spec: ClusterSpec, model: Path, stats: Path) -> list[str]:
     args = [
         sys.executable, "-m", "pbkv.integrations.dynamo.worker",
-        "--model-path", str(model), "--model-name", spec.model_name,
+        "--model-path", str(model), "--model-name", worker_model_name(spec),
         "--engine", spec.engine, "--policy", spec.policy,
         "--block-size", str(spec.block_size), "--stats-path", str(stats),
     ]  # fmt: skip
@@ -292,7 +311,7 @@ def _worker_args(spec: ClusterSpec, model: Path, stats: Path) -> list[str]:
 
 
 def _frontend_args(spec: ClusterSpec, model: Path) -> list[str]:
-    mode = "round-robin" if spec.router == "round-robin" else "kv"
+    mode = "round-robin" if spec.router in ("round-robin", "pbkv") else "kv"
     args = [
         sys.executable, "-m", "dynamo.frontend",
         "--http-host", "127.0.0.1", "--http-port", str(spec.http_port),
@@ -328,6 +347,8 @@ def _wait_ready(cluster: Cluster, timeout_s: float) -> None:
         assert cluster.frontend is not None
         if cluster.frontend.poll() is not None:
             raise ClusterError(f"frontend exited; see {cluster.workdir}/frontend.log")
+        if cluster.router is not None and cluster.router.poll() is not None:
+            raise ClusterError(f"router service exited; see {cluster.workdir}/router.log")
         if _lists_model(cluster) and _registered(discovery) >= cluster.spec.replicas:
             return
         time.sleep(0.25)
@@ -344,11 +365,11 @@ def _lists_model(cluster: Cluster) -> bool:
 
 
 def _registered(discovery: Path) -> int:
-    """Return how many generate endpoints of pbkv workers the discovery folder holds."""
-    if not discovery.exists():
+    """Return how many pbkv workers' generate endpoints the discovery folder holds."""
+    instances = discovery / "v1" / "instances"
+    if not instances.exists():
         return 0
-    return sum(1 for p in discovery.rglob("*") if p.is_file() and "pbkv" in str(p) and
-               "generate" in str(p))  # fmt: skip
+    return sum(1 for p in instances.iterdir() if "%2Fpbkv%2Fgenerate%2F" in p.name)
 
 
 # -- the command --------------------------------------------------------------------
@@ -366,7 +387,12 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=2, help="pbkv workers")
     p.add_argument("--engine", choices=("sim", "torch"), default="sim")
     p.add_argument("--policy", default="pbkv", help="each replica's cache policy")
-    p.add_argument("--router", choices=ROUTER_MODES, default="kv-affinity")
+    p.add_argument(
+        "--router",
+        choices=ROUTER_MODES,
+        default="kv-affinity",
+        help="pbkv: pbkv's placement service; else the frontend's own router",
+    )
     p.add_argument("--http-port", type=int, default=8787)
     p.add_argument("--gpu-kv-tokens", type=int, default=None)
     p.add_argument("--host-kv-tokens", type=int, default=None)

@@ -65,7 +65,8 @@ class RequestHints:
 
     Attributes:
         workflow_id: the session id, or ``None`` (a one-call workflow).
-        agent: ``x-dynamo-meta-agent``, else :data:`DEFAULT_AGENT`.
+        agent: ``x-dynamo-meta-agent`` (``extra_args.pbkv.agent`` through pbkv's
+            router service), else :data:`DEFAULT_AGENT`.
         final: ``session_final``: end the workflow after this reply.
         max_new_tokens: ``stop_conditions.max_tokens``.
     """
@@ -95,7 +96,9 @@ def request_hints(
         final = bool(agent_context.get("session_final"))
     stop = request.get("stop_conditions") or {}
     budget = stop.get("max_tokens") or default_max_tokens
-    agent = metadata.get("agent") or DEFAULT_AGENT
+    extra = request.get("extra_args") or {}
+    forwarded = extra.get("pbkv") if isinstance(extra, Mapping) else None  # pbkv's router
+    agent = metadata.get("agent") or (forwarded or {}).get("agent") or DEFAULT_AGENT
     return RequestHints(session, agent, final or session is None, max(1, int(budget)))
 
 
@@ -330,6 +333,7 @@ class PbkvEngine(LLMEngine):
             "cached_host_tokens": s.kv.cached_host_tokens,
             "workflows_active": list(self.runtime.active_workflows()),
             "serving": sorted(self._serving),
+            "agents_by_workflow": {w: list(a) for w, a in s.agents_by_workflow.items()},
             "ended": s.ended_by_reason,
             "cached_blocks": sum(n.num_blocks for n in tree.nodes()),
             "retired_blocks": sum(n.num_blocks for n in tree.nodes() if n.retired),

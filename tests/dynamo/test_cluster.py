@@ -6,7 +6,6 @@ about half a second. One cluster serves the module; the tests run in file order,
 worker kill last.
 """
 
-import json
 import os
 import signal
 import threading
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pbkv.cluster import ClusterSpec, start_cluster
+from tests.dynamo.stack import chat, conversation, run_turns, settled, stats_by_worker, trace
 
 pytestmark = pytest.mark.dynamo_stack
 
@@ -31,67 +31,6 @@ def cluster(tmp_path_factory):
     spec = ClusterSpec(replicas=2, router="kv-affinity", workdir=str(tmp_path_factory.mktemp("c")))
     with start_cluster(spec, timeout_s=120) as running:
         yield running
-
-
-def chat(cluster, workflow, messages, *, agent="planner", final=False, max_tokens=8, timeout=60):
-    headers = {
-        "Content-Type": "application/json",
-        "X-Dynamo-Session-ID": workflow,
-        "x-dynamo-meta-agent": agent,
-    }
-    if final:
-        headers["X-Dynamo-Session-Final"] = "true"
-    body = {"model": cluster.spec.model_name, "messages": messages, "max_tokens": max_tokens}
-    request = urllib.request.Request(
-        f"{cluster.url}/v1/chat/completions", json.dumps(body).encode(), headers
-    )
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.load(response)
-
-
-def conversation(workflow):
-    # the workflow's name leads, so no two workflows share a block: the router's overlap
-    # and pbkv's hits are then equal by construction, not by the timing of events
-    system = f"{workflow}: you are its planner. " + "Plan each step with care. " * 30
-    return [{"role": "system", "content": system}, {"role": "user", "content": "begin"}]
-
-
-def run_turns(cluster, workflow, turns, messages, *, final_last=False):
-    for turn in range(turns):
-        final = final_last and turn == turns - 1
-        out = chat(cluster, workflow, messages, final=final)
-        messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
-        messages.append({"role": "user", "content": f"go on ({turn})"})
-    return messages
-
-
-def trace(cluster, count, timeout_s=15.0):
-    """Return the frontend's request records once ``count`` are written."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        records = [r for r in cluster.trace_records() if r.get("event_type") == "request_end"]
-        if len(records) >= count or time.monotonic() > deadline:
-            return records
-        time.sleep(0.1)
-
-
-def stats_by_worker(cluster):
-    out = {}
-    for i in range(cluster.spec.replicas):
-        s = cluster.worker_stats(i)
-        if s:
-            out[s["worker_id"]] = s
-    return out
-
-
-def settled(cluster, check, timeout_s=10.0):
-    """Return the workers' counters once ``check`` holds for each (or at the timeout)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = stats_by_worker(cluster)
-        if all(check(s) for s in stats.values()) or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.1)
 
 
 HISTORIES = {}
