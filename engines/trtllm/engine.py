@@ -367,6 +367,25 @@ class TrtllmEngine:
             e2e_s=e2e_s,
         )
 
+    async def retag(self, prompt_token_ids: Sequence[int], priority: int, salt: str = "") -> Any:
+        """Claim every block of a prompt at ``priority`` with a 1-token request (the
+        latest claim wins, ``evictionPolicy.cpp::claimBlock``; host blocks are onboarded).
+
+        Returns:
+            The engine's finished output.
+
+        Raises:
+            ValueError: an empty prompt or a priority outside 0..100.
+            EngineError: the engine failed the request.
+        """
+        if not prompt_token_ids:
+            raise ValueError("retag needs a non-empty prompt")
+        n_blocks = math.ceil(len(prompt_token_ids) / self.config.tokens_per_block)
+        config = retention_config(
+            [(priority, None)] * n_blocks, self.config.tokens_per_block, priority, self.api
+        )
+        return await self._submit(prompt_token_ids, 1, config, salt, (), GREEDY)
+
     def _reuse(
         self, out: Any, completion: Any, prompt_tokens: int, hashes: list[int]
     ) -> tuple[int, int]:
