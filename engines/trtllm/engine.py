@@ -484,7 +484,11 @@ def _reused_blocks(completion: Any) -> int:
 
 
 def _timings(completion: Any, e2e_s: float) -> tuple[float, float]:
-    """``(queue_s, ttft_s)`` from the request's timing metrics, else ``(0, e2e_s)``."""
+    """``(queue_s, ttft_s)`` from the request's timing metrics, else ``(0, e2e_s)``.
+
+    The binding's time points are steady-clock durations (``timedelta``) or floats; any
+    other shape falls back rather than failing the request.
+    """
     timing = getattr(getattr(completion, "request_perf_metrics", None), "timing_metrics", None)
     try:
         arrival = _seconds(timing.arrival_time)
@@ -492,7 +496,7 @@ def _timings(completion: Any, e2e_s: float) -> tuple[float, float]:
             _seconds(timing.first_scheduled_time) - arrival,
             _seconds(timing.first_token_time) - arrival,
         )
-    except AttributeError:
+    except (AttributeError, TypeError, ValueError):
         return 0.0, e2e_s
 
 
