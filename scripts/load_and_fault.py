@@ -75,7 +75,7 @@ class Sizes:
     fault_rounds: int  # faults injected, each while 20 other calls run
 
 
-SHORT = Sizes(24, 8, 1, 60, 4, 1)
+SHORT = Sizes(16, 8, 1, 40, 4, 1)
 LONG = Sizes(1500, 32, 10, 2000, 40, 6)
 
 
@@ -401,11 +401,18 @@ def _sampling_and_json_triggers(url: str, tally: Tally) -> None:
 
 
 def _large_prompt_trigger(url: str, tally: Tally) -> None:
-    """A 1 M-character prompt; /health is timed while it is tokenized."""
+    """A 1 M-character prompt (about a second to tokenize); /health is timed meanwhile.
+
+    Tokenized on the event loop, it would hold every other request for as long as it
+    takes: a /health wait of more than half that (and over a second) says so.
+    """
     done = threading.Event()
     gaps_s: list[float] = []
+    took_s = 0.0
 
     def large() -> None:
+        nonlocal took_s
+        started = time.monotonic()
         with _client(url, http2=False) as client:
             body = {"model": MODEL, "prompt": "hello world, " * 77_000, "max_tokens": 2}
             tally.expect(
@@ -413,6 +420,7 @@ def _large_prompt_trigger(url: str, tally: Tally) -> None:
                 _request(client, "POST", "/v1/completions", json=body, headers=_auth("key-acme")),
                 400,
             )
+        took_s = time.monotonic() - started
         done.set()
 
     thread = threading.Thread(target=large)
@@ -420,16 +428,18 @@ def _large_prompt_trigger(url: str, tally: Tally) -> None:
     with _client(url, http2=False) as client:
         while not done.is_set():
             started = time.monotonic()
-            tally.expect(
-                "GET /health during the large prompt", _request(client, "GET", "/health"), 200
-            )
+            outcome = _request(client, "GET", "/health")
+            tally.expect("GET /health during the large prompt", outcome, 200)
             gaps_s.append(time.monotonic() - started)
             time.sleep(0.05)
     thread.join()
     worst = max(gaps_s, default=0.0)
+    tally.notes["large_prompt_answered_after_s"] = round(took_s, 3)
     tally.notes["health_worst_s_during_large_prompt"] = round(worst, 3)
-    if worst > 1.0:
-        tally.unexpected.append(f"/health took {worst:.2f} s while a large prompt was tokenized")
+    if worst > max(1.0, took_s / 2):
+        tally.unexpected.append(
+            f"/health waited {worst:.2f} s while a prompt took {took_s:.2f} s to refuse"
+        )
 
 
 def _stalled_body_trigger(url: str, port: int, tally: Tally) -> None:
@@ -522,7 +532,7 @@ def _option_check(flags: Sequence[str], tally: Tally) -> None:
 def load_phase(sizes: Sizes) -> Tally:
     tally = Tally()
     keys = [f"--api-key={k}={t}" for k, t in KEYS.items()]
-    served = Served(*keys, "--admin-key", ADMIN, "--body-timeout-s", "5", "--max-batch-size", "32")
+    served = Served(*keys, "--admin-key", ADMIN, "--body-timeout-s", "2", "--max-batch-size", "32")
     try:
         jobs: list[Callable[[], Any]] = []
         for http2 in (False, True):

@@ -146,8 +146,9 @@ class ServerConfig:
         graceful_timeout_s: how long requests in flight may finish at shutdown.
         admin_key: the API key whose ``GET /stats`` lists every tenant's workflows (any
             other key's lists its own tenant's; without keys, the default tenant's).
-        body_timeout_s: a request body not received whole within this long is refused
-            (408), so a client stalled mid-body does not keep its request for ever.
+        body_timeout_s: a request body of which no part arrives for this long is refused
+            (408), so a client stalled mid-body does not keep its request for ever (as
+            nginx's ``client_body_timeout``: the wait between two reads, not the whole).
         max_sessions_per_tenant: open hinted workflows of one tenant at most (see
             :class:`SessionRegistry`).
         fault_injection: for fault tests only: a request with the header
@@ -489,7 +490,7 @@ class OpenAIApp:
 
         A request refused before its body is read (401, 404, 405, or 413 by its
         ``content-length``) has the body read and dropped first, up to
-        :attr:`_drained_bytes` and within ``body_timeout_s``: a client still sending then
+        :attr:`_drained_bytes` and while it keeps arriving: a client still sending then
         reads the refusal, and over HTTP/2 its connection stays usable (an answer sent
         before the body ends leaves DATA frames for a closed stream).
 
@@ -498,7 +499,7 @@ class OpenAIApp:
 
         Raises:
             APIError: the refusal; 413 for a body over ``max_body_bytes``; 408 for one
-                not received within ``body_timeout_s``.
+                of which nothing arrives for ``body_timeout_s``.
             _Disconnected: the client went away first.
         """
         refusal: APIError | None = None
@@ -558,30 +559,41 @@ class OpenAIApp:
 
         Raises:
             APIError: 413 once it passes ``max_body_bytes`` (read on, and dropped, up to
-                :attr:`_drained_bytes`); 408 when it is not whole within ``body_timeout_s``.
+                :attr:`_drained_bytes`); 408 when no part of it arrives for
+                ``body_timeout_s``.
             _Disconnected: the client went away.
         """
         chunks: list[bytes] = []
         size = 0
         limit = self._config.max_body_bytes
-        with trio.move_on_after(self._config.body_timeout_s):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise _Disconnected
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > self._drained_bytes:
+        while True:
+            message = await self._receive_body(receive)
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self._drained_bytes:
+                raise self._too_large()
+            if keep and size <= limit:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                if size > limit:
                     raise self._too_large()
-                if keep and size <= limit:
-                    chunks.append(chunk)
-                if not message.get("more_body", False):
-                    if size > limit:
-                        raise self._too_large()
-                    return b"".join(chunks)
+                return b"".join(chunks)
+
+    async def _receive_body(self, receive: Receive) -> dict[str, Any]:
+        """Return the next piece of the request body.
+
+        Raises:
+            APIError: 408 when none arrives within ``body_timeout_s``.
+            _Disconnected: the client went away.
+        """
+        with trio.move_on_after(self._config.body_timeout_s):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            return message
         raise APIError(
             408,
-            f"the request body was not received within {self._config.body_timeout_s} s",
+            f"no part of the request body arrived for {self._config.body_timeout_s} s",
             code="body_timeout",
         )
 

@@ -139,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--body-timeout-s",
         type=_seconds(1.0),
         default=30.0,
-        help="a request body not received whole within this long is refused (408)",
+        help="a request body of which no part arrives for this long is refused (408)",
     )
     p.add_argument(
         "--gpu-kv-tokens",

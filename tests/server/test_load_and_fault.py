@@ -4,6 +4,7 @@ one call: nothing lost, crashed, hung or leaked across tenants."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "load_and_fault.py"
@@ -12,6 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "load_and_fault.py"
 def test_the_short_run_loses_crashes_hangs_and_leaks_nothing(tmp_path):
     spec = importlib.util.spec_from_file_location("load_and_fault", SCRIPT)
     script = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = script  # its dataclasses look their module up
     spec.loader.exec_module(script)
     out = tmp_path / "report.json"
     status = script.main(["--json", str(out)])
