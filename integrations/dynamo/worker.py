@@ -39,7 +39,7 @@ import trio
 from pbkv.actors.workload import Segment
 from pbkv.integrations.dynamo.events import KvEventRelay, Removed, Stored
 from pbkv.live.build import RuntimeConfig, open_runtime
-from pbkv.live.session import CallFailed, Runtime, WorkflowSession
+from pbkv.live.session import Runtime, WorkflowSession
 
 try:  # the dynamo extra
     from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
@@ -134,6 +134,7 @@ class PbkvEngine(LLMEngine):
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._sessions: dict[str, WorkflowSession] = {}
+        self._opening: trio.Lock | None = None
         self._serving: Counter[str] = Counter()  # workflow -> its calls in flight here
         self._done: asyncio.Future[None] | None = None
 
@@ -209,6 +210,7 @@ class PbkvEngine(LLMEngine):
             self._token = trio.lowlevel.current_trio_token()
             self._nursery = nursery
             self._stop = trio.Event()
+            self._opening = trio.Lock()
             if self.stats_path is not None:
                 nursery.start_soon(self._stats_loop)
             ready.set_result(None)
@@ -290,8 +292,9 @@ class PbkvEngine(LLMEngine):
                     async for delta in stream:
                         queue.put_nowait(delta.token_ids)
                 reply = stream.reply
-        except (CallFailed, ValueError, TypeError) as exc:
-            queue.put_nowait(RuntimeError(f"pbkv: {exc}"))
+        except Exception as exc:  # this call fails alone (CallFailed, Overloaded, a bad request)
+            log.warning("request %s failed: %r", request_id, exc)
+            queue.put_nowait(RuntimeError(f"pbkv: {type(exc).__name__}: {exc}"))
         with trio.CancelScope(shield=True):
             if session is not None:
                 self._serving[session.workflow_id] -= 1
@@ -310,10 +313,12 @@ class PbkvEngine(LLMEngine):
     async def _session(self, hints: RequestHints, request_id: str) -> WorkflowSession:
         assert self.runtime is not None
         wf = hints.workflow_id or f"call-{request_id}"
-        session = self._sessions.get(wf)
-        if session is None or session.ended:
-            session = await self.runtime.open_workflow(wf, app="dynamo")
-            self._sessions[wf] = session
+        assert self._opening is not None
+        async with self._opening:  # a workflow's first calls may arrive together
+            session = self._sessions.get(wf)
+            if session is None or session.ended:
+                session = await self.runtime.open_workflow(wf, app="dynamo")
+                self._sessions[wf] = session
         return session
 
     async def _end(self, session: WorkflowSession) -> None:
