@@ -17,6 +17,7 @@ import numpy as np
 
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.bounds import AccessLog, LoggedInsert
+from pbkv.kvmanager.continuum import ContinuumTracker
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
 from pbkv.kvmanager.node import Node
 from pbkv.kvmanager.policies import Policy, get_policy
@@ -24,6 +25,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, TreeHooks
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
+from pbkv.kvmanager.survival import SurvivalTracker, WarmupPrefetcher
 from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,8 @@ class KVManager:
         self._computing: dict[int, int] = {}
         self.kvflow: KVFlowTracker | None = None
         self.belady: BeladyTracker | None = None
+        self.continuum: ContinuumTracker | None = None
+        self.survival: SurvivalTracker | None = None
         self._attach_tracker(baseline or BaselineInputs())
         self.prefetcher = Prefetcher(
             self.tree,
@@ -263,6 +267,16 @@ class KVManager:
             bytes_per_block=config.bytes_per_block,
             bandwidth_bytes_per_s=config.bandwidth_bytes_per_s,
         )
+        if self.survival is not None:  # its next-agent warm-up values the candidates
+            self.prefetcher = WarmupPrefetcher(
+                self.survival,
+                self.tree,
+                self.policy,
+                self.scores,
+                None,
+                bytes_per_block=config.bytes_per_block,
+                bandwidth_bytes_per_s=config.bandwidth_bytes_per_s,
+            )
 
     def _attach_tracker(self, inputs: BaselineInputs) -> None:
         if self.policy.tracker == "kvflow":
@@ -280,6 +294,14 @@ class KVManager:
                 self.tree.reprioritize,
                 self.tree.clock,
             )
+        elif self.policy.tracker == "continuum":
+            bandwidth = self.config.bandwidth_bytes_per_s
+            reload_s = self.config.bytes_per_block / bandwidth if bandwidth > 0 else 0.0
+            self.continuum = ContinuumTracker(
+                self.tree, reload_s_per_block=reload_s, shortfall=self.gpu_shortfall
+            )
+        elif self.policy.tracker == "survival":
+            self.survival = SurvivalTracker(self.scores, self.tree.reprioritize)
 
     def _on_split(self, node: Node, top: Node) -> None:
         self.scores.on_split(node, top)
@@ -343,6 +365,8 @@ class KVManager:
                 f"request needs {total} GPU blocks; the tier holds "
                 f"{self.config.gpu_capacity_blocks}"
             )
+        if self.continuum is not None:
+            self.continuum.before_admit(request)
         if self._refused_as_is(request, total, retired_only):
             self._counters.rejected_admissions += 1
             return None
@@ -366,6 +390,8 @@ class KVManager:
         if self.access_log is not None and not request.resumed:
             self.access_log.access(request.keys, request.namespace, request.prompt_tokens)
         self._touch(match.path, request)
+        if self.continuum is not None:
+            self.continuum.on_admitted(request)
         return Admission(
             request=request,
             lease=lease,
@@ -586,6 +612,8 @@ class KVManager:
             node.last_access_s = now
             self.tree.reprioritize(node)
         if request.workflow_id is not None:
+            if self.policy.uses_forecasts:
+                self.scores.leave_branch(request.workflow_id, request.agent, path)
             self.scores.touch(path, request.workflow_id, request.agent)
         if self.kvflow is not None and request.fixed_prefix_tokens:
             self.kvflow.mark_fixed(self._fixed_part(path, request), request.agent)
@@ -693,7 +721,12 @@ class KVManager:
                 f"with {len(admission.private_blocks)} reserved"
             )
         tree = self.tree
-        settled = tree.version == self._settled_at and self.kvflow is None and self.belady is None
+        settled = (
+            tree.version == self._settled_at
+            and self.kvflow is None
+            and self.belady is None
+            and self.continuum is None
+        )
         free, walks = tree.gpu.num_free, self.waiting.version
         old = admission.lease
         match = tree.insert_below(old.node, keys, admission.private_blocks[:new])
@@ -729,6 +762,10 @@ class KVManager:
         admission.done = True
         self.tree.free_private("gpu", admission.private_blocks)
         admission.private_blocks = []
+        if self.continuum is not None:
+            self.continuum.on_released(admission)  # pins before the lease goes
+        if self.survival is not None:
+            self.survival.on_released(admission)
         self.tree.unlock(admission.lease)
 
     def _computed(self, keys: Sequence[int], start: int, end: int) -> None:
@@ -873,14 +910,22 @@ class KVManager:
             self.kvflow.on_agent_invoked(workflow_id, agent)
         if self.belady is not None:
             self.belady.on_agent_invoked(workflow_id, step)
+        if self.continuum is not None:
+            self.continuum.on_agent_invoked(workflow_id)
+        if self.survival is not None:
+            self.survival.on_agent_invoked(workflow_id, agent)
 
     def on_workflow_terminated(self, workflow_id: str) -> None:
         """Retire the workflow: its private nodes become retired cache."""
+        if self.survival is not None:
+            self.survival.on_terminated(workflow_id)  # reads its nodes: before terminate
         self.scores.terminate(workflow_id)
         if self.kvflow is not None:
             self.kvflow.on_terminated(workflow_id)
         if self.belady is not None:
             self.belady.on_terminated(workflow_id)
+        if self.continuum is not None:
+            self.continuum.on_terminated(workflow_id)
 
     # -- observation -----------------------------------------------------------------
 
@@ -917,6 +962,8 @@ class KVManager:
         self.tree.check_integrity()
         self.scores.check_integrity()
         self.waiting.check_integrity()
+        if self.continuum is not None:
+            self.continuum.check_integrity()
 
 
 def _leased_leaf(node: Node, lease_node: Node, blocks: int) -> bool:

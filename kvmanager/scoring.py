@@ -537,6 +537,8 @@ class ScoreBoard:
         self._groups: dict[str, dict[frozenset[str], set[Node]]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._ordinal: dict[str, int] = {}  # active workflows only: bounded like _nodes
+        # active workflow -> agent -> the deepest node its latest request touched
+        self._leaves: dict[str, dict[str, Node]] = {}
         self._ordinals = itertools.count()
         self.ordinals_version = 0
         """Bumped whenever an ordinal is given or forgotten: while it stays put,
@@ -666,7 +668,9 @@ class ScoreBoard:
         mine = self._nodes[workflow_id]
         groups = self._groups[workflow_id]
         age = self._ordinal[workflow_id]
+        last = None
         for node in nodes:
+            last = node
             agents = node.accessors.get(workflow_id)
             if agents is None:
                 agents = node.accessors[workflow_id] = set()
@@ -682,6 +686,60 @@ class ScoreBoard:
             node.retired = False
             mine.add(node)
             self._reprioritize(node)
+        if last is not None:
+            self._leaves.setdefault(workflow_id, {})[agent] = last
+
+    def leave_branch(self, workflow_id: str, agent: str, path: Sequence[Node]) -> int:
+        """Note that ``agent`` of ``workflow_id`` starts a request whose cached prefix is
+        ``path`` (root side first): the nodes of its previous request's branch that
+        ``path`` does not hold are no longer its context, so ``agent`` leaves their
+        ``A_w(c)``; a node no active workflow holds then is retired.
+
+        A prompt that extends the previous one (an append-only conversation) holds its
+        whole branch and changes nothing; a prompt rewritten above its tail (a re-planner
+        rewriting its plan at the top) leaves the old tail dead, and without this the
+        score would keep protecting it as long as the agent keeps running (issue 28).
+
+        Returns:
+            Nodes ``agent`` left.
+
+        Mutates: accessors, scores, groups, retired flags of the left nodes.
+        """
+        leaf = self._leaves.get(workflow_id, {}).get(agent)
+        if leaf is None or workflow_id in self._ended:
+            return 0
+        held = set(path)
+        if leaf in held:
+            return 0
+        left = 0
+        node: Node | None = leaf
+        while node is not None and node.parent is not None and node not in held:
+            left += self._leave_node(node, workflow_id, agent)
+            node = node.parent
+        return left
+
+    def _leave_node(self, node: Node, workflow_id: str, agent: str) -> int:
+        agents = node.accessors.get(workflow_id)
+        if not agents or agent not in agents or node not in self._nodes[workflow_id]:
+            return 0  # not its context, or the node left the tree (on_remove)
+        flow = self._flows[workflow_id]
+        groups = self._groups[workflow_id]
+        if _leave(groups, frozenset(agents), node):
+            flow.plan = None
+        agents.discard(agent)
+        node.score -= flow.weight(agent)
+        if agents:
+            if _join(groups, frozenset(agents), node):
+                flow.plan = None
+        else:
+            del node.accessors[workflow_id]
+            self._nodes[workflow_id].discard(node)
+            node.oldest = min((self._ordinal[w] for w in node.accessors), default=NO_WORKFLOW)
+            if not node.accessors:
+                node.retired = True
+                node.score = 0.0
+        self._reprioritize(node)
+        return 1
 
     def _retire_unowned(self, nodes: Iterable[Node]) -> None:
         for node in nodes:
@@ -800,6 +858,7 @@ class ScoreBoard:
         self._call_shares.pop(workflow_id, None)
         self._history_evidence.pop(workflow_id, None)
         self._groups.pop(workflow_id, None)
+        self._leaves.pop(workflow_id, None)
         if self._ordinal.pop(workflow_id, None) is not None:
             self.ordinals_version += 1
         if workflow_id in self._nodes:

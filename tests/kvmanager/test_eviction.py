@@ -77,10 +77,10 @@ def test_shared_node_outranks_single_workflow_node(clock):
     mgr = make_manager(clock, "he", host=0)
     for w in ("w1", "w2"):
         mgr.on_workflow_started(w)
-        mgr.on_forecast(w, forecast(coder=0.5), AGENTS)
+        mgr.on_forecast(w, forecast(coder=0.5, tester=0.5), AGENTS)
     run(mgr, clock, [10], "w1", "coder")
     run(mgr, clock, [10], "w2", "coder")  # shared by two workflows
-    run(mgr, clock, [20], "w1", "coder")  # used by one, more recent
+    run(mgr, clock, [20], "w1", "tester")  # used by one, more recent
     assert mgr.tree.match_prefix([10]).node.score == 1.0
     assert mgr.tree.match_prefix([20]).node.score == 0.5
     assert eviction_order(mgr, 2) == [20, 10]
@@ -176,3 +176,21 @@ def test_check_integrity_catches_a_node_outside_its_agent_group(clock):
     node.accessors["w1"].add("tester")  # behind the score board's back
     with pytest.raises(AssertionError, match="group"):
         mgr.check_integrity()
+
+
+def test_an_agent_whose_prompt_is_rewritten_above_its_tail_leaves_the_old_tail(clock):
+    """A re-planner rewrites the top of its prompt each step: the old step's tail is dead
+    for it, so it stops protecting it (retired: no active workflow holds it), while a
+    prompt that extends the previous one keeps its whole branch (issue 28)."""
+    mgr = make_manager(clock, "he", host=0)
+    mgr.on_workflow_started("w")
+    mgr.on_forecast("w", forecast(coder=0.9), AGENTS)
+    run(mgr, clock, [1, 2, 3], "w", "coder")
+    run(mgr, clock, [1, 2, 3, 4], "w", "coder")  # extends: nothing left
+    assert not any(n.retired for n in mgr.tree.nodes())
+    run(mgr, clock, [1, 9, 9], "w", "coder")  # rewritten after block 1
+    by_key = {tuple(n.keys): n for n in mgr.tree.nodes()}
+    assert by_key[(2, 3)].retired and by_key[(4,)].retired and by_key[(2, 3)].score == 0.0
+    assert not by_key[(1,)].retired and by_key[(1,)].score == pytest.approx(0.9)
+    assert not by_key[(9, 9)].retired
+    assert eviction_order(mgr, 4) == [4, 2, 2, 9]  # the dead tail (4, then 3 and 2), then 9

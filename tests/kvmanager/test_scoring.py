@@ -97,6 +97,7 @@ class Reference:
         self.touched: dict[int, set[tuple[str, str]]] = {}  # block key -> (w, agent)
         self.forecasts: dict[str, np.ndarray] = {}
         self.active: set[str] = set()
+        self.last: dict[tuple[str, str], list[int]] = {}  # (w, agent) -> its latest prompt
 
     def start(self, w):
         self.mgr.on_workflow_started(w)
@@ -106,6 +107,11 @@ class Reference:
         self.active.add(w)
         keys = block_keys(tokens, 1)  # chained: a key names the whole prefix up to it
         run(self.mgr, clock, keys, w, agent)
+        # the agent leaves what its previous prompt held and this one does not (its old
+        # branch: leave_branch)
+        for key in set(self.last.get((w, agent), ())) - set(keys):
+            self.touched.get(key, set()).discard((w, agent))
+        self.last[(w, agent)] = keys
         for key in keys:
             self.touched.setdefault(key, set()).add((w, agent))
 
@@ -119,6 +125,7 @@ class Reference:
         self.forecasts.pop(w, None)
         for pairs in self.touched.values():  # a restarted id is a new workflow
             pairs.difference_update({p for p in pairs if p[0] == w})
+        self.last = {k: v for k, v in self.last.items() if k[0] != w}
 
     def expected(self, node_keys):
         """Return ``Score(c)`` and whether ``c`` is retired, from the touches alone."""
@@ -181,9 +188,9 @@ def test_forecast_refreshes_only_its_workflows_nodes(clock):
         mgr.on_workflow_started(w)
     run(mgr, clock, [1, 2], "w1", "coder")
     run(mgr, clock, [1, 2, 3], "w2", "coder")
-    run(mgr, clock, [9], "w2", "coder")
+    run(mgr, clock, [9], "w2", "tester")
     assert mgr.on_forecast("w1", row(coder=1.0)[None, :], AGENTS) == 1  # [1,2] only
-    assert mgr.on_forecast("w2", row(coder=0.5)[None, :], AGENTS) == 3
+    assert mgr.on_forecast("w2", row(coder=0.5, tester=0.5)[None, :], AGENTS) == 3
     assert mgr.statistics().score_refreshed_nodes == 4
     assert mgr.tree.match_prefix([1, 2]).node.score == pytest.approx(1.5)
     assert mgr.tree.match_prefix([1, 2, 3]).node.score == pytest.approx(0.5)
