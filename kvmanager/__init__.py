@@ -7,6 +7,7 @@ the KV-manager actor.
 from pbkv.kvmanager.belady import BeladyTracker, FutureStep
 from pbkv.kvmanager.blocks import BlockPool
 from pbkv.kvmanager.bounds import AccessLog, ceiling_hits, min_hits
+from pbkv.kvmanager.continuum import ContinuumStatistics, ContinuumTracker
 from pbkv.kvmanager.eviction import EvictionIndex
 from pbkv.kvmanager.keys import block_keys
 from pbkv.kvmanager.kvflow import KVFlowTracker, StepGraph
@@ -17,6 +18,7 @@ from pbkv.kvmanager.prefetch import Prefetcher
 from pbkv.kvmanager.radix import HOST_TIERS, Lease, LoadTransfer, MatchResult, RadixTree
 from pbkv.kvmanager.scoring import ScoreBoard, agent_weights, validate_forecast
 from pbkv.kvmanager.stats import KVStatistics
+from pbkv.kvmanager.survival import MarkovChain, SurvivalTracker, WarmupPrefetcher
 from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "KVFlowTracker",
     "StepGraph",
     "BlockPool",
+    "ContinuumStatistics",
+    "ContinuumTracker",
     "EvictionIndex",
     "FutureStep",
     "KVConfig",
@@ -37,6 +41,7 @@ __all__ = [
     "KVStatistics",
     "Lease",
     "LoadTransfer",
+    "MarkovChain",
     "MatchResult",
     "Node",
     "Policy",
@@ -45,7 +50,9 @@ __all__ = [
     "QueuedWalk",
     "RadixTree",
     "ScoreBoard",
+    "SurvivalTracker",
     "WaitingPrefixes",
+    "WarmupPrefetcher",
     "agent_weights",
     "block_keys",
     "ceiling_hits",

@@ -16,7 +16,7 @@ from pbkv.kvmanager.eviction import Priority
 from pbkv.kvmanager.node import Node
 
 PrefetchMode = Literal["none", "conservative", "aggressive", "next-fixed"]
-Tracker = Literal["none", "kvflow", "belady"]
+Tracker = Literal["none", "kvflow", "belady", "continuum", "survival"]
 
 # Scores are sums of float products refreshed incrementally; rounding keeps nodes with
 # equal true scores tied (so LRU breaks the tie) despite last-bit drift.
@@ -130,6 +130,14 @@ def belady_priority(node: Node) -> Priority:
     return (-node.hint, node.last_access_s)
 
 
+def survival_priority(node: Node) -> Priority:
+    """Markov-survival: ascending probability that a workflow holding the node survives
+    to invoke an agent that touched it (``node.hint``, kept by
+    :class:`~pbkv.kvmanager.survival.SurvivalTracker`; retired nodes, held by none, have
+    0 and go first), LRU as tie-break."""
+    return (not node.retired, node.hint, node.last_access_s)
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A named cache policy.
@@ -142,7 +150,9 @@ class Policy:
             ``aggressive`` (may displace active cache scored below the candidate) or
             ``next-fixed`` (KVFlow: next-step agents' fixed prefixes).
         tracker: the baseline state the policy's key reads (``kvflow``: the app's step
-            graph; ``belady``: the whole workload in advance, for ``belady-est``).
+            graph; ``belady``: the whole workload in advance, for ``belady-est``;
+            ``continuum``: TTL pins, :mod:`pbkv.kvmanager.continuum`; ``survival``: the
+            online agent chain, :mod:`pbkv.kvmanager.survival`).
         queue_aware: the key reads ``node.queued`` (queued requests' prefixes), so the
             engine reports its queue (:meth:`KVManager.note_waiting`).
     """
@@ -177,6 +187,8 @@ POLICIES: dict[str, Policy] = {
         ),
         Policy("kvflow", kvflow_priority, prefetch="next-fixed", tracker="kvflow"),
         Policy("belady-est", belady_priority, tracker="belady"),
+        Policy("continuum", lru_priority, tracker="continuum"),
+        Policy("markov-survival", survival_priority, prefetch="conservative", tracker="survival"),
     )
 }
 
