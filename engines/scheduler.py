@@ -1,7 +1,7 @@
 """Admission schedulers for the owned-cache engines: which queued request goes next (§7.0).
 
 Under load the queue decides as much as eviction does, so admission is part of the
-policy. Three schedulers, by name:
+policy. The schedulers, by name:
 
 - ``fcfs``: arrival order, head-of-line blocking (SGLang's and vLLM's default).
 - ``lpm``: longest cached prefix first (SGLang's ``lpm``), arrival order on ties.
@@ -19,6 +19,9 @@ policy. Three schedulers, by name:
   not): toolloop 96 workflows c=32 seeds 0/1 454.87 / 445.38 and 327.46 / 321.02
   (lru:workflow 438.31, 324.55); hover 144 workflows c=72 seeds 0/1 557.53 / 556.81 and
   565.15 / 564.55; swebench c=24 253.42 / 254.81; τ-bench c=48 171.55 / 170.89.
+- ``continuum`` and ``autellix``: the 2025–26 baselines, Continuum's program-level FCFS
+  with pinned programs first (:mod:`pbkv.engines.continuum`) and Autellix's program-level
+  least attained service (:mod:`pbkv.engines.autellix`).
 
 ``lpm`` and ``workflow`` try requests past one that does not fit (bypass), but a request
 overtaken ``max_bypass`` times goes first, and while it does not fit nothing behind it
@@ -783,12 +786,30 @@ def retracting_workflow_scheduler() -> WorkflowScheduler:
     return scheduler
 
 
+def continuum_scheduler() -> Scheduler:
+    """Return Continuum's program-level FCFS, pinned programs first (``continuum``,
+    :mod:`pbkv.engines.continuum`)."""
+    from pbkv.engines.continuum import ContinuumScheduler
+
+    return ContinuumScheduler()
+
+
+def autellix_scheduler() -> Scheduler:
+    """Return Autellix's program-level least-attained-service scheduler (``autellix``,
+    :mod:`pbkv.engines.autellix`)."""
+    from pbkv.engines.autellix import AutellixScheduler
+
+    return AutellixScheduler()
+
+
 SCHEDULERS: dict[str, Callable[[], Scheduler]] = {
     "fcfs": FCFSScheduler,
     "lpm": LPMScheduler,
     "workflow": WorkflowScheduler,
     "workflow-retract": retracting_workflow_scheduler,
     "fcfs-balanced": balanced_fcfs_scheduler,
+    "continuum": continuum_scheduler,
+    "autellix": autellix_scheduler,
 }
 
 
