@@ -100,7 +100,7 @@ class KVManagerActor(Actor):
             case PrefillDone() | AgentFinished():
                 pass
             case WorkflowTerminated(workflow_id=w, reason=reason):
-                view = self._workflows.pop(w, None)
+                view: _WorkflowView | None = self._workflows.pop(w, None)
                 self.kv.on_workflow_terminated(w)
                 if view is not None and view.path and reason in RAN_TO_END:
                     self._tell_path(view)
