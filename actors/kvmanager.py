@@ -100,10 +100,10 @@ class KVManagerActor(Actor):
             case PrefillDone() | AgentFinished():
                 pass
             case WorkflowTerminated(workflow_id=w, reason=reason):
-                view: _WorkflowView | None = self._workflows.pop(w, None)
+                ended = self._workflows.pop(w, None)
                 self.kv.on_workflow_terminated(w)
-                if view is not None and view.path and reason in RAN_TO_END:
-                    self._tell_path(view)
+                if ended is not None and ended.path and reason in RAN_TO_END:
+                    self._tell_path(ended)
             case _:
                 raise TypeError(f"KVManagerActor cannot handle {type(msg).__name__}")
 
