@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import trio
@@ -195,6 +195,14 @@ class ServerConfig:
                     f"api_keys: key {key!r} → tenant {tenant!r}: both must be non-empty and "
                     "the tenant must not contain '/'"
                 )
+
+
+class _Accepted(NamedTuple):
+    """A request let in: its route template, handler and body."""
+
+    route: str
+    handler: Callable[..., Awaitable[None]]
+    body: bytes
 
 
 class _Disconnected(Exception):
@@ -483,9 +491,7 @@ class OpenAIApp:
             self.http.in_flight -= 1
             self.http.count(route, responder.status or 499)
 
-    async def _accept(
-        self, scope: Scope, receive: Receive
-    ) -> tuple[str, Callable[..., Awaitable[None]], bytes]:
+    async def _accept(self, scope: Scope, receive: Receive) -> _Accepted:
         """Authenticate and route a request, then read its body.
 
         A request refused before its body is read (401, 404, 405, or 413 by its
@@ -513,7 +519,7 @@ class OpenAIApp:
         except APIError as exc:
             refusal = exc
         if refusal is None:
-            return route, handler, await self._read_body(receive)
+            return _Accepted(route, handler, await self._read_body(receive))
         if declared <= self._drained_bytes:
             with contextlib.suppress(APIError):  # too long or too slow: refused as it is
                 await self._read_body(receive, keep=False)
