@@ -8,6 +8,7 @@ demo`` and ``pbkv bench``, so ``policy="pbkv"`` means one thing everywhere: the
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -86,6 +87,8 @@ class RuntimeConfig:
         host_tier: the host tier's model: ``write-through`` (SGLang HiCache's default,
             the paper's baseline system: the host holds a copy of what is on the GPU) or
             ``exclusive`` (TensorRT-LLM: a block is offloaded when the GPU evicts it).
+        gap_scale: factor on simulated tool and think times (sim engine; ``--gap-scale``
+            sweeps how long agents wait on tools and users).
         predictor: ``online`` (learns each app's agent chain as workflows end; no
             training), ``none`` (no forecasts: score policies rank as ``lae``), or
             ``None`` = the policy's own (:func:`default_predictor`). Trained models
@@ -113,6 +116,7 @@ class RuntimeConfig:
     scheduler: str | None = None
     predictor: str | None = None
     host_tier: str = DEFAULT_HOST_TIER
+    gap_scale: float = 1.0
 
     def __post_init__(self) -> None:
         from pbkv.engines.scheduler import get_scheduler
@@ -130,6 +134,8 @@ class RuntimeConfig:
                 f"unknown predictor {self.predictor!r}; known: {ONLINE_PREDICTOR}, "
                 f"{NO_PREDICTOR} (trained forecasters are passed as open_runtime(forecasters=))"
             )
+        if not (math.isfinite(self.gap_scale) and self.gap_scale >= 0):
+            raise ValueError(f"gap_scale must be finite and >= 0, got {self.gap_scale}")
         for name in ("block_size", "max_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -328,5 +334,6 @@ async def open_runtime(
         max_calls_in_flight=config.batch_size + config.max_queued_requests,
         predictor_in_thread=in_thread,
         recorder=recorder,
+        gap_scale=config.gap_scale,
     ) as runtime:
         yield runtime

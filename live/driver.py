@@ -441,7 +441,8 @@ class _SessionCaller:
         return await admitted_call(self.session, agent, prompt, **kwargs)
 
     async def sleep(self, seconds: float) -> None:
-        await trio.sleep(seconds)
+        """Wait a simulated tool's latency, scaled by the runtime's ``gap_scale``."""
+        await trio.sleep(seconds * self.session.runtime.gap_scale)
 
 
 async def run_workflow(
@@ -690,7 +691,7 @@ async def replay_workflow(runtime: Runtime, workflow: Workflow) -> WorkflowOutco
     try:
         for step in workflow.steps:
             if step.gap_s > 0:
-                await trio.sleep(step.gap_s)
+                await trio.sleep(step.gap_s * runtime.gap_scale)
             reply = await _replay_step(session, step)
             if reply is None:
                 reason, error = "error", f"{step.agent}: engine failed twice"

@@ -183,6 +183,9 @@ class Runtime:
             called again.
         predictor: the predictor actor (its chain, statistics and online accuracy), or
             ``None`` when the runtime makes no forecasts.
+        gap_scale: factor on every simulated tool and think time (a :class:`Simulated`
+            reply's ``gap_s``, a simulated tool's latency, a replayed step's gap); real
+            tools take the time they take.
     """
 
     def __init__(
@@ -198,9 +201,11 @@ class Runtime:
         history_limit: int = 4096,
         max_idle_agents: int = DEFAULT_MAX_IDLE_AGENTS,
         predictor: PredictorActor | None = None,
+        gap_scale: float = 1.0,
     ) -> None:
         self.system = system
         self.predictor = predictor
+        self.gap_scale = gap_scale
         self.engine = engine
         self.kv = kv
         self.chat = chat
@@ -510,7 +515,11 @@ class WorkflowSession:
             scripted = scripted_output(self.runtime.chat, simulated, max_new_tokens)
             max_new_tokens = len(scripted)
         self.runtime.chat.check_fits(prompt_tokens, max_new_tokens)
-        gap_s = simulated.gap_s if simulated is not None and not self.runtime.samples_tokens else 0
+        gap_s = (
+            simulated.gap_s * self.runtime.gap_scale
+            if simulated is not None and not self.runtime.samples_tokens
+            else 0
+        )
         return ReplyStream(
             self,
             agent,
@@ -924,6 +933,7 @@ async def serve_runtime(
     max_calls_in_flight: int = 1024,
     predictor_in_thread: bool = False,
     recorder: EventRecorder | None = None,
+    gap_scale: float = 1.0,
 ) -> AsyncIterator[Runtime]:
     """Start the actor system over ``engine`` and ``kv`` and yield the :class:`Runtime`.
 
@@ -938,6 +948,7 @@ async def serve_runtime(
         max_calls_in_flight: calls admitted at once before :class:`Overloaded`.
         predictor_in_thread: run the forecasters in a worker thread (real time).
         recorder: appends every lifecycle event to a JSONL file.
+        gap_scale: factor on simulated tool and think times (:class:`Runtime`).
     """
     async with open_actor_system() as system:
         await system.spawn(
@@ -962,6 +973,7 @@ async def serve_runtime(
             model_name=model_name,
             max_calls_in_flight=max_calls_in_flight,
             predictor=predictor_actor,
+            gap_scale=gap_scale,
         )
         try:
             yield runtime

@@ -118,6 +118,13 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         "(lru:workflow's closed-loop throughput at --concurrency, measured first)",
     )
     p.add_argument(
+        "--gap-scale",
+        type=float,
+        default=1.0,
+        help="factor on every tool and think gap of the workload (e.g. 10: agents wait ten "
+        "times longer on tools and users)",
+    )
+    p.add_argument(
         "--slo-s",
         type=float,
         default=None,
@@ -213,6 +220,7 @@ def _config_from(args: argparse.Namespace):  # -> BenchConfig
         rate=args.rate,
         load=args.load,
         slo_s=args.slo_s,
+        gap_scale=args.gap_scale,
         seed=args.seed,
         predictor=args.predictor,
         train_workflows=args.train_workflows,

@@ -106,6 +106,8 @@ class BenchConfig:
             same workload first); exclusive with ``rate``.
         slo_s: a workflow latency target: each row reports its goodput (workflows per
             second finishing within it).
+        gap_scale: factor on every tool and think gap of the workload (real agents wait
+            seconds to minutes on tools and users; the runtime scales the same way).
     """
 
     app: str = "codegen"
@@ -131,6 +133,7 @@ class BenchConfig:
     rate: float | None = None
     load: float | None = None
     slo_s: float | None = None
+    gap_scale: float = 1.0
 
 
 END_REASONS = ("end", "recursion_limit", "error", "aborted")
@@ -635,6 +638,8 @@ def run_bench(
         config = dataclasses.replace(config, open_loop=True)
     workload = app.generate(config.workflows, config.seed)
     check_prompts(workload, config.app)
+    if config.gap_scale != 1.0:
+        workload = scale_gaps(workload, config.gap_scale)
     if config.rate is not None or config.load is not None:
         config, workload = open_loop_at(config, workload, app)
     if config.open_loop and all(w.arrival_s <= 0 for w in workload):
@@ -677,6 +682,23 @@ def run_bench(
     return BenchRun(
         results, gpu_tokens, wanted, cost.gpu_kv_capacity_tokens, found, rate=config.rate
     )
+
+
+def scale_gaps(workload: Sequence[Workflow], factor: float) -> list[Workflow]:
+    """Return ``workload`` with every step's tool/think gap multiplied by ``factor`` (what
+    ``open_runtime(gap_scale=factor)`` does to the same app's simulated tools and replies).
+
+    Raises:
+        ValueError: ``factor`` negative or not finite.
+    """
+    if not (math.isfinite(factor) and factor >= 0):
+        raise ValueError(f"gap_scale must be finite and >= 0, got {factor}")
+    return [
+        dataclasses.replace(
+            w, steps=tuple(dataclasses.replace(s, gap_s=s.gap_s * factor) for s in w.steps)
+        )
+        for w in workload
+    ]
 
 
 CAPACITY_SPEC = "lru:workflow"

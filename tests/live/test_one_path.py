@@ -69,3 +69,34 @@ async def test_the_online_predictor_learns_from_a_graph_app_run(autojump_clock):
     assert accuracy.workflows == 12
     assert accuracy.predictions[0] > 12
     assert accuracy.top1[0] > 0.5
+
+
+def test_a_gap_scale_runs_the_same_in_the_bench_and_in_open_runtime():
+    n, concurrency, scale = 8, 4, 10.0
+    run = run_bench(
+        BenchConfig(
+            app="hover", policies=("pbkv",), workflows=n, concurrency=concurrency, gap_scale=scale
+        ),
+        bounds=False,
+    )
+    [row] = run.results
+    app = get_app("hover")
+
+    async def main():
+        async with pbkv.open_runtime(
+            engine="sim", policy="pbkv", gpu_kv_tokens=run.gpu_kv_tokens, gap_scale=scale
+        ) as runtime:
+            tasks = [app.task(0, i) for i in range(n)]
+            ids = [f"{app.name}-0-{i}" for i in range(n)]
+            return await pbkv.serve_app(
+                runtime, app, tasks, concurrency=concurrency, workflow_ids=ids
+            )
+
+    outcomes = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    latencies = [o.end_s - o.start_s for o in outcomes]
+    assert sum(latencies) / n == pytest.approx(row.mean_latency_s, rel=1e-12)
+    unscaled = run_bench(
+        BenchConfig(app="hover", policies=("pbkv",), workflows=n, concurrency=concurrency),
+        bounds=False,
+    ).results[0]
+    assert row.mean_latency_s > unscaled.mean_latency_s + 5.0  # the gaps really grew
