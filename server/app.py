@@ -48,7 +48,7 @@ from pbkv.server.schemas import (
     encode,
 )
 from pbkv.server.sessions import Lease, SessionRegistry
-from pbkv.server.stats import HTTPCounters, prometheus_text, snapshot
+from pbkv.server.stats import HTTPCounters, prometheus_text, serving, snapshot
 from pbkv.server.stop import StopCutter, StopWatch, streamed_text
 
 log = logging.getLogger(__name__)
@@ -417,6 +417,7 @@ class OpenAIApp:
             sessions=self._sessions.statistics(),
             workflows=workflows,
             http=self.http,
+            served=serving(self._runtime),
         )
 
     async def drain(self, timeout_s: float, hurry: trio.Event | None = None) -> None:
@@ -701,6 +702,7 @@ class OpenAIApp:
             runtime_stats=self._runtime.statistics(),
             sessions=self._sessions.statistics(),
             http=self.http,
+            served=serving(self._runtime),
         ).encode()
         await responder.whole(
             200, text, content_type=(b"content-type", b"text/plain; version=0.0.4")

@@ -88,10 +88,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--policy", default="pbkv", help="cache policy (lru, lae, he, pbkv, kvflow)")
     p.add_argument(
+        "--scheduler",
+        default=None,
+        help="admission scheduler: fcfs, lpm, fcfs-balanced, workflow, ... (default: the "
+        "policy's own: workflow for pbkv, fcfs for the others)",
+    )
+    p.add_argument(
         "--predictor",
-        default="none",
-        help="forecaster for he/pbkv: none (retired-first, as lae), markov, markov-1..3, "
-        "uniform or graphsage; all but none need --traces (their agents and fit)",
+        default=None,
+        help="forecaster for he/pbkv: online (default: learns each tenant's agent chain "
+        "as workflows end, no training), none (retired-first, as lae), or fitted on "
+        "--traces: markov, markov-1..3, uniform, graphsage",
     )
     p.add_argument("--traces", default=None, help="traces (JSONL) the predictor is fitted on")
     p.add_argument("--checkpoint", default=None, help="GraphSAGE checkpoint folder")
@@ -153,7 +160,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="host KV tier in tokens (0: none)",
     )
-    p.add_argument("--max-batch-size", type=int, default=16, help="requests decoded together")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=None,
+        help="requests decoded together (default: the engine's own, sim 64, torch 8)",
+    )
     p.add_argument(
         "--max-queued-requests",
         type=int,
@@ -178,14 +190,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def forecasters(name: str, traces: str | None, checkpoint: str | None) -> tuple[Any, ...]:
-    """Return the predictor's forecaster chain for ``--predictor`` (empty for ``none``).
+def forecasters(name: str | None, traces: str | None, checkpoint: str | None) -> tuple[Any, ...]:
+    """Return the fitted forecaster chain ``--predictor`` names (empty for ``none``,
+    ``online`` and the default: the runtime builds those itself).
 
     Raises:
         ValueError: a predictor without ``--traces``, or an unknown name (listing the known).
     """
-    if name == "none":
-        return ()
+    if name is None or name in ("none", "online"):
+        return ()  # the runtime builds these itself (RuntimeConfig.predictor)
     if traces is None:
         raise ValueError(f"--predictor {name} needs --traces (its agents and its fit)")
     from pbkv.predictor import make_forecaster, read_traces
@@ -240,6 +253,8 @@ def _serve_until_stopped(args: argparse.Namespace, console: Any) -> None:
         engine=args.engine,
         model=args.model,
         policy=args.policy,
+        scheduler=args.scheduler,
+        predictor=args.predictor if args.predictor in (None, "none", "online") else "none",
         gpu_kv_tokens=args.gpu_kv_tokens,
         host_kv_tokens=args.host_kv_tokens,
         max_batch_size=args.max_batch_size,
@@ -268,7 +283,9 @@ def _serve_until_stopped(args: argparse.Namespace, console: Any) -> None:
                     functools.partial(serve, runtime_config, config, forecasters=chain)
                 )
                 console.print(
-                    f"pbkv serve: {server.app.model} ({args.engine}, policy {args.policy}) on "
+                    f"pbkv serve: {server.app.model} ({args.engine}, policy {args.policy}, "
+                    f"scheduler {runtime_config.resolved_scheduler}, predictor "
+                    f"{args.predictor or runtime_config.resolved_predictor}) on "
                     f"{server.address.url}  (OpenAI base_url {server.address.base_url})",
                     soft_wrap=True,
                 )

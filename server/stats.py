@@ -42,6 +42,42 @@ class HTTPCounters:
         }
 
 
+class Serving(msgspec.Struct, frozen=True):
+    """What the server runs: the cache policy, the admission scheduler and the predictor,
+    and the predictor's running top-1 accuracy (``online``: scored on each ended
+    workflow before it learns from it; ``nan``/``null`` before the first).
+
+    Attributes:
+        policy / scheduler: the names the runtime runs.
+        predictor: the forecaster chain, first to last fallback (``none``: no forecasts).
+        predictor_workflows_learned: ended workflows the online forecaster learned from.
+        predictor_top1 / predictor_recent_top1: top-1 accuracy at steps ``k = 1..K``, over
+            every scored prediction / over the latest window of them.
+    """
+
+    policy: str
+    scheduler: str
+    predictor: str
+    predictor_workflows_learned: int = 0
+    predictor_top1: tuple[float, ...] = ()
+    predictor_recent_top1: tuple[float, ...] = ()
+
+
+def serving(runtime: Any) -> Serving:
+    """Return :class:`Serving` for a running :class:`~pbkv.live.session.Runtime`."""
+    predictor = runtime.predictor
+    chain = [f.name for f in predictor.chain] if predictor is not None else []
+    accuracy = predictor.online_accuracy() if predictor is not None else None
+    return Serving(
+        policy=runtime.kv.config.policy,
+        scheduler=getattr(getattr(runtime.engine, "scheduler", None), "name", "") or "-",
+        predictor=" > ".join(chain) or "none",
+        predictor_workflows_learned=accuracy.workflows if accuracy is not None else 0,
+        predictor_top1=accuracy.top1 if accuracy is not None else (),
+        predictor_recent_top1=accuracy.recent_top1 if accuracy is not None else (),
+    )
+
+
 def _builtins(value: Any) -> Any:
     """Return ``value`` as plain data, Structs' hit-rate properties included."""
     if _is_record(value):
@@ -54,12 +90,19 @@ def _builtins(value: Any) -> Any:
 
 
 def snapshot(
-    *, model: str, runtime_stats: Any, sessions: Any, workflows: list[Any], http: HTTPCounters
+    *,
+    model: str,
+    runtime_stats: Any,
+    sessions: Any,
+    workflows: list[Any],
+    http: HTTPCounters,
+    served: Serving | None = None,
 ) -> dict[str, Any]:
     """Return the whole statistics document.
 
     Args:
         model: the served model name.
+        served: the policy, scheduler and predictor in use (:func:`serving`).
         runtime_stats: ``runtime.statistics()`` (a msgspec Struct).
         sessions: the session registry's statistics (a msgspec Struct).
         workflows: recent workflow records (msgspec Structs).
@@ -67,6 +110,7 @@ def snapshot(
     """
     return {
         "model": model,
+        "serving": _builtins(served) if served is not None else None,
         "runtime": _builtins(runtime_stats),
         "sessions": _builtins(sessions),
         "http": http.snapshot(),
@@ -129,8 +173,14 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def prometheus_text(*, runtime_stats: Any, sessions: Any, http: HTTPCounters) -> str:
+def prometheus_text(
+    *, runtime_stats: Any, sessions: Any, http: HTTPCounters, served: Serving | None = None
+) -> str:
     """Return the numeric statistics in Prometheus text format (gauges, one per leaf).
+
+    With ``served``: ``pbkv_serving_info{policy,scheduler,predictor} 1`` and the
+    predictor's top-1 accuracy per step ``k`` (``pbkv_predictor_top1{k="1"}``; none
+    before its first scored prediction).
 
     Args:
         runtime_stats: ``runtime.statistics()`` (a msgspec Struct).
@@ -138,6 +188,22 @@ def prometheus_text(*, runtime_stats: Any, sessions: Any, http: HTTPCounters) ->
         http: the server's HTTP counters.
     """
     lines = ["# TYPE pbkv_http_responses counter"]
+    if served is not None:
+        lines.append("# TYPE pbkv_serving_info gauge")
+        lines.append(
+            f'pbkv_serving_info{{policy="{_label(served.policy)}",'
+            f'scheduler="{_label(served.scheduler)}",predictor="{_label(served.predictor)}"}} 1'
+        )
+        lines.append("# TYPE pbkv_predictor_workflows_learned gauge")
+        lines.append(f"pbkv_predictor_workflows_learned {served.predictor_workflows_learned}")
+        for name, rates in (
+            ("pbkv_predictor_top1", served.predictor_top1),
+            ("pbkv_predictor_recent_top1", served.predictor_recent_top1),
+        ):
+            measured = [(k, r) for k, r in enumerate(rates, 1) if r == r]  # not nan
+            if measured:
+                lines.append(f"# TYPE {name} gauge")
+                lines.extend(f'{name}{{k="{k}"}} {_number(r)}' for k, r in measured)
     for (route, status), n in sorted(http.responses.items()):
         lines.append(f'pbkv_http_responses{{route="{_label(route)}",status="{status}"}} {n}')
     seen: set[str] = set()
