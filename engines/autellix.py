@@ -58,8 +58,10 @@ DEFAULT_BASE_QUANTUM_S = 1.0
 """Upper end of level 0, seconds of attained service."""
 DEFAULT_QUANTUM_RATIO = 2.0
 """Each level's range is this many times the one before."""
-DEFAULT_LEVELS = 8
-"""Priority queues (the last is unbounded above)."""
+DEFAULT_LEVELS = 16
+"""Priority queues (the last is unbounded above, from ``q * r^14`` = 4.5 hours at the
+defaults): a call admitted under load serves tens of seconds, so with 8 levels (above
+128 s) most programs shared the last level and the ranking fell back to FCFS."""
 DEFAULT_STARVATION_RATIO = 3.0
 """``beta``: waiting this many times its service promotes a program to level 0."""
 
