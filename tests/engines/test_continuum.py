@@ -3,6 +3,9 @@ first, head-of-line blocking."""
 
 from collections import deque
 
+import pytest
+
+from pbkv.bench.compare import BenchConfig, compare_policies
 from pbkv.engines.continuum import ContinuumScheduler
 from pbkv.engines.scheduler import get_scheduler
 from pbkv.kvmanager import AdmitRequest, KVConfig, KVManager
@@ -69,3 +72,13 @@ def test_admission_stops_at_the_first_request_that_does_not_fit():
 def test_continuum_is_a_registered_scheduler_with_balanced_batches():
     scheduler = get_scheduler("continuum")
     assert (scheduler.name, scheduler.balanced_prefill) == ("continuum", True)
+
+
+@pytest.mark.parametrize("spec", ["continuum:continuum", "lru:autellix", "markov-survival"])
+def test_each_baseline_serves_a_workload_to_its_end_with_integrity_checked(spec):
+    config = BenchConfig(
+        app="codegen", policies=(spec,), workflows=8, concurrency=4, check_integrity=True
+    )
+    (result,), _ = compare_policies(config)
+    assert (result.workflows, result.scheduler) == (8, spec.partition(":")[2] or "fcfs")
+    assert result.kv.requests > 8 and result.kv.evicted_active_blocks > 0
