@@ -39,12 +39,27 @@ def hint_headers(
     return headers
 
 
+PREBUILT_NODES = frozenset({"agent", "model"})
+"""The LLM node names of LangGraph's prebuilt agents (``create_react_agent``: ``agent``;
+LangChain's ``create_agent``: ``model``): a call from one is named by the node that holds
+the agent (``langgraph_checkpoint_ns``)."""
+
+
+def _checkpoint_path(namespace: str) -> list[str]:
+    """Return the node names of a ``langgraph_checkpoint_ns`` (``a:<id>|b:<id>`` → a, b)."""
+    return [part.split(":", 1)[0] for part in namespace.split("|") if part]
+
+
 def langgraph_hints(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """Return the ``pbkv`` hints found in a LangGraph run's metadata.
 
     LangGraph copies the config's ``thread_id`` into every run's metadata and stamps each
-    node's runs with ``langgraph_node`` (its name); the chat model sees the merged
-    metadata on its callback manager. A nested graph's node name is the node's own.
+    node's runs with ``langgraph_node`` (its name) and ``langgraph_checkpoint_ns`` (the
+    path of nodes to it, ``researcher:<id>|agent:<id>``); the chat model sees the merged
+    metadata on its callback manager. A nested graph's node name is the node's own,
+    except a prebuilt agent's LLM node (:data:`PREBUILT_NODES`), named by the node
+    that holds the agent (``researcher``), so every prebuilt agent does not arrive as
+    ``agent``.
 
     Args:
         metadata: the run metadata (``run_manager.metadata``).
@@ -55,6 +70,10 @@ def langgraph_hints(metadata: Mapping[str, Any]) -> dict[str, Any]:
     hints: dict[str, Any] = {}
     if metadata.get("thread_id") is not None:
         hints["workflow_id"] = str(metadata["thread_id"])
-    if metadata.get("langgraph_node"):
-        hints["agent"] = str(metadata["langgraph_node"])
+    node = metadata.get("langgraph_node")
+    if node:
+        path = _checkpoint_path(str(metadata.get("langgraph_checkpoint_ns") or ""))
+        if node in PREBUILT_NODES and len(path) > 1 and path[-1] == node:
+            node = path[-2]
+        hints["agent"] = str(node)
     return hints

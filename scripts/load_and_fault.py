@@ -482,6 +482,9 @@ def _tenant_checks(url: str, tally: Tally) -> None:
     for another; one-request ids are random."""
     with _client(url, http2=False) as client:
         prompt = _chat_body("a prompt both tenants send, long enough to fill blocks " * 8, 2)
+        # its own system message: the template's default one, which every bare user
+        # message starts with, is in each tenant's cache from its earlier requests
+        prompt["messages"].insert(0, {"role": "system", "content": "Tenant check."})
         first = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-acme"))
         other = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-globex"))
         again = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-acme"))

@@ -31,6 +31,7 @@ from pbkv.server.sampling import request_sampling
 from pbkv.server.schemas import (
     CHAT_DECODER,
     COMPLETION_DECODER,
+    WORKFLOW_END_DECODER,
     AssistantMessage,
     ChatChoice,
     ChatCompletion,
@@ -40,18 +41,31 @@ from pbkv.server.schemas import (
     ChunkDelta,
     Completion,
     CompletionRequest,
+    FunctionCall,
     ModelCard,
     ModelList,
     PromptTokensDetails,
     TextChoice,
+    ToolCall,
+    ToolCallDelta,
     Usage,
+    WorkflowHints,
     encode,
 )
 from pbkv.server.sessions import Lease, SessionRegistry
 from pbkv.server.stats import HTTPCounters, prometheus_text, serving, snapshot
 from pbkv.server.stop import StopCutter, StopWatch, streamed_text
+from pbkv.server.toolcalls import (
+    ReplyContext,
+    ReplyPlan,
+    ReplySource,
+    reply_plan,
+    simulated_text,
+)
+from pbkv.server.toolparsers import ParsedCall, make_tool_parser, parse_reply
 
 log = logging.getLogger(__name__)
+_TEXT = ReplyPlan()  # a text reply: no tools, no format
 
 Scope = Mapping[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -142,7 +156,17 @@ class ServerConfig:
             context length leaves less room).
         max_body_bytes: larger request bodies are refused (413).
         retry_after_s: the ``Retry-After`` of a 429/503 answer.
-        served_model_name: the model name clients send (default: the runtime's).
+        served_model_name: the model name clients send (default: the runtime's); it is
+            the name replies and ``/v1/models`` report first.
+        model_aliases: more names clients may send for the same model (vLLM's
+            ``--served-model-name`` with several names).
+        tool_call_parser: the parser that reads tool calls out of replies
+            (:data:`pbkv.server.toolparsers.TOOL_CALL_PARSERS`; ``hermes``).
+        reply_source: on an engine that samples no text (sim), what replies say: called
+            with each chat request's :class:`~pbkv.server.toolcalls.ReplyContext`, its
+            text is the reply (``None``: a schema-valid tool call or JSON where the
+            request asks for one, else filler). Drives framework loops
+            deterministically in tests.
         graceful_timeout_s: how long requests in flight may finish at shutdown.
         admin_key: the API key whose ``GET /stats`` lists every tenant's workflows (any
             other key's lists its own tenant's; without keys, the default tenant's).
@@ -170,8 +194,15 @@ class ServerConfig:
     body_timeout_s: float = 30.0
     max_sessions_per_tenant: int = 1024
     fault_injection: bool = False
+    model_aliases: tuple[str, ...] = ()
+    tool_call_parser: str = "hermes"
+    reply_source: ReplySource | None = None
 
     def __post_init__(self) -> None:
+        make_tool_parser(self.tool_call_parser)  # an unknown name: ValueError listing them
+        for alias in self.model_aliases:
+            if not alias or not isinstance(alias, str):
+                raise ValueError(f"model_aliases must be non-empty names, got {alias!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         for name in (
@@ -268,6 +299,9 @@ class _Generation:
     stream: bool
     include_usage: bool
     inject_fault: bool = False  # ServerConfig.fault_injection: the stop callback raises
+    plan: ReplyPlan = _TEXT  # tools, tool choice and output format (chat)
+    simulated: Any = None  # pbkv.Simulated: the reply on an engine that samples no text
+    constraint: Any = None  # pbkv.engines.constrained.TokenConstraint of the reply
 
     @property
     def prompt_param(self) -> str:
@@ -367,6 +401,7 @@ class OpenAIApp:
         self._sessions = sessions
         self._config = config
         self.model = config.served_model_name or runtime.model_name
+        self.model_names = (self.model, *(a for a in config.model_aliases if a != self.model))
         self.http = HTTPCounters()
         self.draining = False
         self._generating = 0  # chat and text completions in flight
@@ -382,6 +417,12 @@ class OpenAIApp:
             ("GET", "/stats"): self._stats,
             ("GET", "/metrics"): self._metrics,
         }
+        self._prefix_routes: tuple[
+            tuple[str, str, str, str, Callable[..., Awaitable[None]]], ...
+        ] = (
+            ("GET", "/v1/models/", "", "/v1/models/{model}", self._model),
+            ("POST", "/v1/pbkv/workflows/", "/end", "/v1/pbkv/workflows/{id}/end", self._end),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -455,8 +496,13 @@ class OpenAIApp:
         handler = self._routes.get((method, path))
         if handler is not None:
             return path, handler
-        if path.startswith("/v1/models/") and method == "GET":
-            return "/v1/models/{model}", self._model
+        for verb, head, tail, template, prefixed in self._prefix_routes:
+            if path.startswith(head) and path.endswith(tail) and len(path) > len(head + tail):
+                if method != verb:
+                    raise APIError(
+                        405, f"{method} is not allowed on {template}", code="method_not_allowed"
+                    )
+                return template, prefixed
         if any(p == path for _, p in self._routes):
             raise APIError(405, f"{method} is not allowed on {path}", code="method_not_allowed")
         raise APIError(404, f"no route {method} {path}", code="not_found")
@@ -681,12 +727,40 @@ class OpenAIApp:
         )
 
     async def _models(self, scope: Scope, body: bytes, responder: _Responder) -> None:
-        await responder.whole(200, encode(ModelList([ModelCard(self.model, self._created)])))
+        cards = [ModelCard(name, self._created) for name in self.model_names]
+        await responder.whole(200, encode(ModelList(cards)))
 
     async def _model(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         name = scope["path"].rstrip("/").removeprefix("/v1/models/")
         self._check_model(name)
-        await responder.whole(200, encode(ModelCard(self.model, self._created)))
+        await responder.whole(200, encode(ModelCard(name, self._created)))
+
+    async def _end(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        """End a workflow without generating (``POST /v1/pbkv/workflows/{id}/end``): the
+        hook a framework calls when its run ends. The tenant is the API key's, and the
+        body's ``cache_salt`` (optional) as a completion request's. A workflow with
+        requests in flight ends once they finish.
+
+        Raises:
+            APIError: 404 ``workflow_not_found`` when no open workflow has this id.
+        """
+        request = decode_body(WORKFLOW_END_DECODER, body or b"{}")
+        path = routed_path(scope["path"])
+        workflow_id = path.removeprefix("/v1/pbkv/workflows/").removesuffix("/end")
+        headers = _headers(scope)
+        tenant = key_tenant(headers, self._config.api_keys)
+        hints = resolve_hints(
+            {}, WorkflowHints(workflow_id=workflow_id), cache_salt=request.cache_salt, tenant=tenant
+        )
+        record = await self._sessions.end_workflow(hints)
+        if record is None:
+            raise APIError(
+                404,
+                f"no open workflow {workflow_id!r} (never opened, or already ended)",
+                param="workflow_id",
+                code="workflow_not_found",
+            )
+        await responder.whole(200, msgspec.json.encode(record))
 
     async def _stats(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         """Answer the statistics with the workflows the caller may see: every tenant's
@@ -710,10 +784,9 @@ class OpenAIApp:
 
     async def _chat(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         request = decode_body(CHAT_DECODER, body)
-        messages = [
-            {"role": _ROLES.get(m.role, m.role), "content": m.text()} for m in request.messages
-        ]
-        await self._serve(scope, request, "chat", messages, responder)
+        plan = reply_plan(request.tools, request.tool_choice, request.response_format)
+        messages = [_message_dict(m) for m in request.messages]
+        await self._serve(scope, request, "chat", messages, responder, plan)
 
     async def _completions(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         request = decode_body(COMPLETION_DECODER, body)
@@ -733,10 +806,11 @@ class OpenAIApp:
     # Serving one generation
 
     def _check_model(self, name: str) -> None:
-        if name != self.model:
+        if name not in self.model_names:
+            served = ", ".join(f"`{n}`" for n in self.model_names)
             raise APIError(
                 404,
-                f"the model `{name}` does not exist; this server serves `{self.model}`",
+                f"the model `{name}` does not exist; this server serves {served}",
                 type="invalid_request_error",
                 param="model",
                 code="model_not_found",
@@ -751,7 +825,8 @@ class OpenAIApp:
         self,
         endpoint: str,
         request: ChatCompletionRequest | CompletionRequest,
-        prompt: str | list[dict[str, str]],
+        prompt: str | list[dict[str, Any]],
+        plan: ReplyPlan,
     ) -> _Generation:
         """Check ``request`` and tokenize its prompt (the size first, see
         :mod:`pbkv.server.prompts`); return what to run.
@@ -763,8 +838,8 @@ class OpenAIApp:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
         _refuse_unserved(request)
         chat = self._runtime.chat
-        check_size(prompt, _prompt_param(endpoint), chat.context_length_tokens)
-        segments = await tokenize(chat, prompt)
+        check_size(prompt, _prompt_param(endpoint), chat.context_length_tokens, plan.tools)
+        segments = await tokenize(chat, prompt, plan.tools)
         prompt_tokens = sum(len(s.token_ids) for s in segments)
         budget_param, budget = "max_tokens", request.max_tokens
         if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
@@ -792,21 +867,59 @@ class OpenAIApp:
             stops=_stops(request.stop),
             stream=request.stream,
             include_usage=bool(request.stream and options and options.include_usage),
+            plan=plan,
+            constraint=self._constraint(plan),
         )
+
+    def _constraint(self, plan: ReplyPlan) -> Any:
+        """Return the token constraint of a reply with an output format, on an engine that
+        samples (``None`` otherwise: the sim emits a schema-valid reply instead).
+
+        Raises:
+            APIError: 400 naming the field when the engine cannot constrain its decoding
+                or the format does not compile.
+        """
+        if plan.output_format is None or not self._runtime.samples_tokens:
+            return None
+        from pbkv.engines.constrained import (
+            ConstraintUnavailable,
+            TokenConstraint,
+            smollm2_tokenizer,
+        )
+
+        param = "response_format" if plan.tool_choice in ("auto", "none") else "tool_choice"
+        engine = getattr(self._runtime, "engine", None)
+        if not getattr(engine, "constrains_tokens", False):
+            raise APIError(
+                400,
+                f"{param}: this engine has no constrained decoding",
+                param=param,
+                code="unsupported_parameter",
+            )
+        try:
+            return TokenConstraint(plan.output_format, smollm2_tokenizer())
+        except ConstraintUnavailable as exc:
+            raise APIError(
+                400, f"{param}: {exc}", param=param, code="unsupported_parameter"
+            ) from None
+        except ValueError as exc:
+            raise APIError(400, f"{param}: {exc}", param=param) from None
 
     async def _serve(
         self,
         scope: Scope,
         request: ChatCompletionRequest | CompletionRequest,
         endpoint: str,
-        prompt: str | list[dict[str, str]],
+        prompt: str | list[dict[str, Any]],
         responder: _Responder,
+        plan: ReplyPlan = _TEXT,
     ) -> None:
         if self.draining:
             raise self._draining_error()
         self._check_model(request.model)
-        generation = await self._generation(endpoint, request, prompt)
+        generation = await self._generation(endpoint, request, prompt, plan)
         hints = self._hints(scope, request)
+        generation = self._simulate(generation, hints, prompt)
         if self._config.fault_injection and _fault_header(scope) is not None:
             generation = dataclasses.replace(generation, inject_fault=True)
         self._generating += 1  # what a drain waits for
@@ -823,6 +936,21 @@ class OpenAIApp:
             raise
         finally:
             self._generating -= 1
+
+    def _simulate(
+        self, generation: _Generation, hints: Hints, prompt: str | list[dict[str, Any]]
+    ) -> _Generation:
+        """Return ``generation`` with the sim engine's reply text, where it has one
+        (:func:`pbkv.server.toolcalls.simulated_text`)."""
+        if self._runtime.samples_tokens or isinstance(prompt, str):
+            return generation
+        context = ReplyContext(hints.agent, hints.workflow_id, tuple(prompt), generation.plan)
+        text = simulated_text(generation.plan, context, self._config.reply_source)
+        if text is None:
+            return generation
+        from pbkv.live import Simulated
+
+        return dataclasses.replace(generation, simulated=Simulated(text=text))
 
     def _gpu_tier_tokens(self) -> int:
         """Tokens the GPU KV tier holds (0 where the engine's KV manager says none)."""
@@ -853,18 +981,25 @@ class OpenAIApp:
         (one that raises :class:`InjectedFault` for a request with a fault injected)."""
         if generation.inject_fault:
             return _failing_until
-        if not generation.stops:
-            return None
-        return StopWatch(generation.stops, self._runtime.chat.decode)
+        watch = StopWatch(generation.stops, self._runtime.chat.decode) if generation.stops else None
+        if generation.constraint is not None:
+            return _Constrained(generation.constraint, watch)
+        return watch
 
-    def _finish_reason(self, reply: Any, generation: _Generation, cutter: StopCutter) -> str:
-        """Return OpenAI's ``finish_reason``: ``stop`` at a stop sequence or the end of
-        turn, ``length`` when the reply used up ``max_tokens`` without either.
+    def _finish_reason(
+        self, reply: Any, generation: _Generation, cutter: StopCutter, calls: int = 0
+    ) -> str:
+        """Return OpenAI's ``finish_reason``: ``tool_calls`` when the reply holds tool
+        calls, ``stop`` at a stop sequence or the end of turn, ``length`` when the reply
+        used up ``max_tokens`` without either.
 
         The sim engine samples nothing: its reply is filler up to the budget, closed by
-        an end-of-turn marker that is part of the filler, so it ends by ``length``.
+        an end-of-turn marker that is part of the filler, so it ends by ``length``; a
+        simulated reply (scripted, or a schema-valid one) ends by ``stop``.
         """
-        if cutter.stopped:
+        if calls:
+            return "tool_calls"
+        if cutter.stopped or generation.simulated is not None:
             return "stop"
         if not self._runtime.samples_tokens:
             return "length" if len(reply.token_ids) >= generation.max_new_tokens else "stop"
@@ -888,15 +1023,21 @@ class OpenAIApp:
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
             until=self._stop_watch(generation),
+            simulated=generation.simulated,
         )
         cutter = StopCutter(generation.stops)
         chat = self._runtime.chat
         text = cutter.feed(streamed_text(reply.token_ids, chat.decode, chat.stop_text))
         text += cutter.flush()
-        finish = self._finish_reason(reply, generation, cutter)
+        content: str | None = text
+        calls: list[ToolCall] = []
+        if generation.plan.parse_calls:
+            parsed = parse_reply(make_tool_parser(self._config.tool_call_parser), text)
+            content, calls = parsed.content, [_tool_call(c) for c in parsed.calls]
+        finish = self._finish_reason(reply, generation, cutter, len(calls))
         ident, created = self._ident(generation.endpoint), int(time.time())
         if generation.endpoint == "chat":
-            choice = ChatChoice(0, AssistantMessage(text), finish)
+            choice = ChatChoice(0, AssistantMessage(content, tool_calls=calls or None), finish)
             record: Any = ChatCompletion(ident, created, self.model, [choice], _usage(reply))
         else:
             choices = [TextChoice(0, text, finish)]
@@ -914,12 +1055,16 @@ class OpenAIApp:
     ) -> None:
         frames = _Frames(generation.endpoint, self._ident(generation.endpoint), self.model)
         cutter = StopCutter(generation.stops)
+        parser = (
+            make_tool_parser(self._config.tool_call_parser) if generation.plan.parse_calls else None
+        )
         async with lease.workflow.stream(
             agent,
             generation.prompt,
             max_new_tokens=generation.max_new_tokens,
             sampling=generation.sampling,
             until=self._stop_watch(generation),
+            simulated=generation.simulated,
         ) as stream:
             async for delta in stream:
                 if not responder.started:  # errors before the first token answer as JSON
@@ -927,16 +1072,19 @@ class OpenAIApp:
                     await frames.open(responder)
                 piece = cutter.feed(delta.text)
                 if piece:
-                    await responder.event(frames.piece(piece))
+                    await frames.send(responder, parser.feed(piece) if parser else [piece])
             reply = stream.reply
         if not responder.started:
             await responder.start_events(headers)
             await frames.open(responder)
         await lease.settle()
         tail = cutter.flush()
-        if tail:
-            await responder.event(frames.piece(tail))
-        await responder.event(frames.finish(self._finish_reason(reply, generation, cutter)))
+        pieces: list[Any] = [tail] if tail else []
+        if parser is not None:
+            pieces = (parser.feed(tail) if tail else []) + parser.finish()
+        await frames.send(responder, pieces)
+        finish = self._finish_reason(reply, generation, cutter, frames.calls)
+        await responder.event(frames.finish(finish))
         if generation.include_usage:
             await responder.event(frames.usage(_usage(reply)))
         await responder.end_events()
@@ -950,6 +1098,7 @@ class _Frames:
         self._ident = ident
         self._model = model
         self._created = int(time.time())
+        self.calls = 0  # tool calls sent
 
     def _chunk(self, choices: list[Any], usage: Usage | None = None) -> Any:
         if self._chat:
@@ -960,6 +1109,17 @@ class _Frames:
         if self._chat:  # OpenAI's first chat chunk carries the role
             delta = ChunkDelta(content="", role="assistant")
             await responder.event(self._chunk([ChunkChoice(0, delta)]))
+
+    async def send(self, responder: _Responder, pieces: Sequence[str | ParsedCall]) -> None:
+        """Send parsed pieces: content text, and each tool call whole as one delta."""
+        for piece in pieces:
+            if isinstance(piece, ParsedCall):
+                call = _tool_call(piece)
+                delta = ToolCallDelta(self.calls, call.id, call.function, "function")
+                self.calls += 1
+                await responder.event(self._chunk([ChunkChoice(0, ChunkDelta(tool_calls=[delta]))]))
+            elif piece:
+                await responder.event(self.piece(piece))
 
     def piece(self, text: str) -> Any:
         if self._chat:
@@ -975,14 +1135,51 @@ class _Frames:
         return self._chunk([], usage)
 
 
+class _Constrained:
+    """The ``until`` of a constrained reply: stop sequences (if any) end it, and its
+    ``constraint`` is what the engine masks its logits with
+    (:func:`pbkv.engines.constrained.request_constraint`)."""
+
+    def __init__(self, constraint: Any, watch: StopWatch | None) -> None:
+        self.constraint = constraint
+        self._watch = watch
+
+    def __call__(self, token: int) -> bool:
+        return self._watch(token) if self._watch is not None else False
+
+
+def _tool_call(call: ParsedCall) -> ToolCall:
+    """Return a parsed call as a reply's tool call, with a fresh id."""
+    return ToolCall(f"call_{secrets.token_hex(12)}", FunctionCall(call.name, call.arguments))
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """Return a request's message as the chat template takes it (role, text, tool calls)."""
+    out: dict[str, Any] = {
+        "role": _ROLES.get(message.role, message.role),
+        "content": message.text(),
+    }
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments},
+            }
+            for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
 def _refuse_unserved(request: ChatCompletionRequest | CompletionRequest) -> None:
     """Refuse a request for what pbkv serve does not do, naming the field (400
-    ``unsupported_parameter``): tool calls (no tool-call parser, as vLLM without
-    ``--enable-auto-tool-choice``; the legacy ``functions`` too), a structured
-    ``response_format``, logprobs, non-zero penalties, ``logit_bias``, audio, non-text
-    message parts, and on completions ``echo``, ``best_of`` > 1 and ``suffix``. Their
-    neutral values (no tools or ``tool_choice: "none"``, ``{"type": "text"}``,
-    ``false``/0/empty) are accepted."""
+    ``unsupported_parameter``): the legacy ``functions`` / ``function_call`` (``tools``
+    are served), a ``response_format`` on completions, logprobs, non-zero penalties,
+    ``logit_bias``, audio, non-text message parts, and on completions ``echo``,
+    ``best_of`` > 1 and ``suffix``. Their neutral values (no functions or
+    ``function_call: "none"``, ``{"type": "text"}``, ``false``/0/empty) are accepted."""
 
     def refuse(param: str, message: str) -> APIError:
         return APIError(
@@ -993,16 +1190,11 @@ def _refuse_unserved(request: ChatCompletionRequest | CompletionRequest) -> None
         )
 
     if isinstance(request, ChatCompletionRequest):
-        for name, tools, choice in (
-            ("tool", request.tools, request.tool_choice),
-            ("function", request.functions, request.function_call),
-        ):
-            field = "tool_choice" if name == "tool" else "function_call"
-            if choice is not None and choice not in ("none", "auto"):
-                raise refuse(field, f"{field} {choice!r} asks for a {name} call")
-            if tools and choice != "none":
-                listed = "tools" if name == "tool" else "functions"
-                raise refuse(listed, f"{name} calls are asked for (send none, or {field} 'none')")
+        choice = request.function_call
+        if choice is not None and choice not in ("none", "auto"):
+            raise refuse("function_call", f"function_call {choice!r} (send tools instead)")
+        if request.functions and choice != "none":
+            raise refuse("functions", "the legacy functions (send tools instead)")
         for i, message in enumerate(request.messages):
             if isinstance(message.content, list):
                 for j, part in enumerate(message.content):
@@ -1019,8 +1211,8 @@ def _refuse_unserved(request: ChatCompletionRequest | CompletionRequest) -> None
         if request.suffix:
             raise refuse("suffix", "a suffix (insertion)")
     kind = (request.response_format or {}).get("type", "text")
-    if kind != "text":
-        raise refuse("response_format", f"response_format {kind!r}")
+    if kind != "text" and not isinstance(request, ChatCompletionRequest):
+        raise refuse("response_format", f"response_format {kind!r} on completions")
     if request.logprobs is not None and request.logprobs is not False:
         raise refuse("logprobs", "logprobs")
     if request.top_logprobs:

@@ -183,6 +183,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a second signal cuts them at once, each answered with an error",
     )
     p.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the model name(s) clients send; the first is the one replies report "
+        "(default: the engine's model name)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default="hermes",
+        help="how tool calls are read out of replies: hermes (<tool_call>{json}</tool_call>, "
+        "the format tools are rendered in; alias qwen25)",
+    )
+    p.add_argument(
         "--fault-injection",
         action="store_true",
         help="for fault tests only: a request with the header 'X-PBKV-Inject-Fault: until' "
@@ -272,6 +286,9 @@ def _serve_until_stopped(args: argparse.Namespace, console: Any) -> None:
         graceful_timeout_s=args.graceful_timeout_s,
         body_timeout_s=args.body_timeout_s,
         fault_injection=args.fault_injection,
+        served_model_name=args.served_model_name[0] if args.served_model_name else None,
+        model_aliases=tuple(args.served_model_name[1:]) if args.served_model_name else (),
+        tool_call_parser=args.tool_call_parser,
     )
 
     async def main() -> None:

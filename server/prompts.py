@@ -9,7 +9,8 @@ tokenized in a worker thread (the tokenizer releases the GIL: ``pbkv.assets.enco
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trio
@@ -26,29 +27,39 @@ INLINE_CHARS = 4096
 """Prompts up to this many characters are tokenized on the event loop (a millisecond or
 so); larger ones in a worker thread."""
 
-Prompt = str | Sequence[dict[str, str]]
+Prompt = str | Sequence[Mapping[str, Any]]
+Tools = Sequence[Mapping[str, Any]]
 
 
-def prompt_chars(prompt: Prompt) -> int:
-    """Return the characters of ``prompt``'s text (a string, or messages' contents)."""
+def _message_chars(message: Mapping[str, Any]) -> int:
+    calls = message.get("tool_calls") or ()
+    arguments = sum(len(c["function"]["name"]) + len(c["function"]["arguments"]) for c in calls)
+    return len(message.get("content") or "") + arguments
+
+
+def prompt_chars(prompt: Prompt, tools: Tools = ()) -> int:
+    """Return the characters of ``prompt``'s text (a string, or messages' contents and
+    tool calls) and of the ``tools`` rendered with it."""
+    tool_chars = sum(len(json.dumps(t)) for t in tools)
     if isinstance(prompt, str):
-        return len(prompt)
-    return sum(len(m.get("content") or "") for m in prompt)
+        return len(prompt) + tool_chars
+    return sum(_message_chars(m) for m in prompt) + tool_chars
 
 
-def check_size(prompt: Prompt, param: str, context_length_tokens: int) -> None:
+def check_size(prompt: Prompt, param: str, context_length_tokens: int, tools: Tools = ()) -> None:
     """Refuse a prompt too long for the context window before it is tokenized.
 
     Args:
         prompt: the request's prompt string or chat messages.
         param: the request field that holds it (``messages`` or ``prompt``).
         context_length_tokens: the model's context length.
+        tools: tool definitions rendered with the messages.
 
     Raises:
         APIError: 400 ``context_length_exceeded`` naming ``param`` when the prompt has
             more than ``context_length_tokens * MAX_CHARS_PER_TOKEN`` characters.
     """
-    chars, most = prompt_chars(prompt), context_length_tokens * MAX_CHARS_PER_TOKEN
+    chars, most = prompt_chars(prompt, tools), context_length_tokens * MAX_CHARS_PER_TOKEN
     if chars > most:
         raise APIError(
             400,
@@ -60,22 +71,24 @@ def check_size(prompt: Prompt, param: str, context_length_tokens: int) -> None:
         )
 
 
-def _segments(chat: Any, prompt: Prompt) -> tuple[Any, ...]:
+def _segments(chat: Any, prompt: Prompt, tools: Tools) -> tuple[Any, ...]:
     from pbkv.actors.workload import Segment
 
     if isinstance(prompt, str):
         return (Segment("context", chat.encode(prompt)),)
-    return tuple(chat.segments(prompt))
+    return tuple(chat.segments(prompt, tools=tools, default_system=True))
 
 
-async def tokenize(chat: Any, prompt: Prompt) -> tuple[Any, ...]:
-    """Return ``prompt`` as segments of token ids (``chat.segments`` for messages, one
-    ``context`` segment for a string), in a worker thread past :data:`INLINE_CHARS`.
+async def tokenize(chat: Any, prompt: Prompt, tools: Tools = ()) -> tuple[Any, ...]:
+    """Return ``prompt`` as segments of token ids (``chat.segments`` for messages, with
+    ``tools`` and the template's default system prompt; one ``context`` segment for a
+    string), in a worker thread past :data:`INLINE_CHARS`.
 
     Args:
         chat: the runtime's :class:`pbkv.live.chat.ChatFormat`.
         prompt: a prompt string or chat messages, already size-checked (:func:`check_size`).
+        tools: OpenAI tool definitions rendered into the first system message.
     """
-    if prompt_chars(prompt) <= INLINE_CHARS:
-        return _segments(chat, prompt)
-    return await trio.to_thread.run_sync(_segments, chat, prompt)
+    if prompt_chars(prompt, tools) <= INLINE_CHARS:
+        return _segments(chat, prompt, tools)
+    return await trio.to_thread.run_sync(_segments, chat, prompt, tools)

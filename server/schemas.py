@@ -3,10 +3,10 @@
 Requests are decoded once, by one typed decoder per endpoint, into frozen msgspec Structs:
 a field of the wrong type or out of range fails there with the JSON path of the field
 (``$.messages[0].content``). Unknown fields are tolerated, as OpenAI-compatible servers
-do (vendor extensions), and the known ones pbkv does not serve (``tools`` and the
-legacy ``functions``, ``response_format``, ``logprobs``, penalties, ``logit_bias``,
-audio, ``echo``, ``best_of``, ``suffix``, non-text parts) are read so that asking for
-them is a 400 naming the field rather than a reply that silently ignores them. Mirrors
+do (vendor extensions), and the known ones pbkv does not serve (the legacy
+``functions``, ``logprobs``, penalties, ``logit_bias``, audio, ``echo``, ``best_of``,
+``suffix``, non-text parts) are read so that asking for them is a 400 naming the field
+rather than a reply that silently ignores them. Mirrors
 the openai-python types
 (``ChatCompletion``, ``ChatCompletionChunk``, ``Completion``, ``Model``) and vLLM's
 ``cache_salt``; the ``pbkv`` body object carries workflow hints (§7.4).
@@ -34,12 +34,30 @@ class TextPart(msgspec.Struct, frozen=True):
     text: str = ""
 
 
+class FunctionCall(msgspec.Struct, frozen=True):
+    """A called function: its name and its arguments as JSON text."""
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One tool call, in an assistant message of the history and in a reply."""
+
+    id: str
+    function: FunctionCall
+    type: str = "function"
+
+
 class ChatMessage(msgspec.Struct, frozen=True):
-    """One chat message: ``content`` is a string, a list of text parts, or null."""
+    """One chat message: ``content`` is a string, a list of text parts, or null; an
+    assistant message may carry ``tool_calls``, a ``tool`` message its ``tool_call_id``."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         """Return the content as one string (text parts joined; null → empty)."""
@@ -100,6 +118,7 @@ class ChatCompletionRequest(_Sampled, frozen=True, kw_only=True):
     max_completion_tokens: MaxTokens | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[dict[str, Any]] | None = None  # the legacy form of tools
     function_call: str | dict[str, Any] | None = None
     modalities: list[str] | None = None
@@ -114,7 +133,15 @@ class CompletionRequest(_Sampled, frozen=True, kw_only=True):
     suffix: str | None = None
 
 
+class WorkflowEndRequest(msgspec.Struct, frozen=True):
+    """``POST /v1/pbkv/workflows/{id}/end``: the body (optional) names the workflow's
+    ``cache_salt`` when it has one."""
+
+    cache_salt: Annotated[str, Meta(max_length=256)] | None = None
+
+
 CHAT_DECODER = msgspec.json.Decoder(ChatCompletionRequest)
+WORKFLOW_END_DECODER = msgspec.json.Decoder(WorkflowEndRequest)
 COMPLETION_DECODER = msgspec.json.Decoder(CompletionRequest)
 
 
@@ -132,8 +159,11 @@ class Usage(msgspec.Struct, frozen=True):
 
 
 class AssistantMessage(msgspec.Struct, frozen=True):
-    content: str
+    """A reply: ``content`` is null when the reply is only tool calls."""
+
+    content: str | None
     role: str = "assistant"
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(msgspec.Struct, frozen=True):
@@ -152,9 +182,19 @@ class ChatCompletion(msgspec.Struct, frozen=True):
     object: str = "chat.completion"
 
 
+class ToolCallDelta(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A streamed tool call: ``index`` says which; pbkv sends each call whole, once."""
+
+    index: int
+    id: str | None = None
+    function: FunctionCall | None = None
+    type: str | None = None
+
+
 class ChunkDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     content: str | None = None
     role: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(msgspec.Struct, frozen=True):

@@ -49,8 +49,10 @@ class WorkflowRecord(msgspec.Struct):
     ``workflow_id`` is the client's (``req-`` and 16 random hex digits for a one-request
     workflow: no count of anyone's requests can be read from it), ``live_id`` the
     live workflow's (see the module docstring). ``state``: ``active``, ``final`` (ended
-    after a request marked final), ``idle`` (retired by the idle timeout), ``single`` (a
-    one-request workflow), ``closed`` (open at shutdown).
+    after a request marked final), ``ended`` (ended by the client without a request:
+    ``POST /v1/pbkv/workflows/{id}/end``, a framework's run-end hook), ``idle`` (retired
+    by the idle timeout), ``single`` (a one-request workflow), ``closed`` (open at
+    shutdown).
     """
 
     workflow_id: str
@@ -71,6 +73,7 @@ class SessionStatistics(msgspec.Struct, frozen=True):
     ended_idle: int
     single_request: int
     idle_timeout_s: float
+    ended_by_client: int = 0  # POST /v1/pbkv/workflows/{id}/end
 
 
 class Lease(NamedTuple):
@@ -148,6 +151,7 @@ class SessionRegistry:
         self._serial = 0  # records' keys
         self._in_flight = 0
         self._opened = self._ended_final = self._ended_idle = self._single = 0
+        self._ended_by_client = 0
 
     @asynccontextmanager
     async def workflow(self, hints: Hints) -> AsyncIterator[Lease]:
@@ -340,6 +344,28 @@ class SessionRegistry:
             with trio.CancelScope(shield=True):
                 await self.close(_END_TIMEOUT_S)
 
+    async def end_workflow(self, hints: Hints) -> WorkflowRecord | None:
+        """End the open workflow ``hints`` names without a request (state ``ended``);
+        with requests in flight it ends once the last has finished (before its reply,
+        as a request marked final). The id then opens a new workflow.
+
+        Returns:
+            Its record, or ``None`` when no workflow of that id is open for the tenant.
+
+        Mutates: the registry (the session is forgotten), the runtime (its end).
+        """
+        key = self._key(hints)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        self._forget(key)
+        session.final = True
+        session.record.state = "ended"
+        self._ended_by_client += 1
+        if session.in_flight == 0:
+            await self._end(session, "end")
+        return session.record
+
     async def close(self, timeout_s: float = math.inf) -> int:
         """End every open session (state ``closed``), for ``timeout_s`` at most.
 
@@ -383,4 +409,5 @@ class SessionRegistry:
             ended_idle=self._ended_idle,
             single_request=self._single,
             idle_timeout_s=self.idle_timeout_s,
+            ended_by_client=self._ended_by_client,
         )

@@ -561,9 +561,8 @@ async def test_what_is_not_served_is_refused_naming_the_field_not_ignored(served
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
     refused = [
-        ({"tools": [tool]}, "tools"),
-        ({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"response_format": {"type": "grammar"}}, "response_format"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
@@ -579,9 +578,23 @@ async def test_what_is_not_served_is_refused_naming_the_field_not_ignored(served
         assert reply.json()["error"]["param"] == param, reply.text
         if param != "frequency_penalty":  # a wrong type is a plain 400
             assert reply.json()["error"]["code"] == "unsupported_parameter", reply.text
+    named_g = {"type": "function", "function": {"name": "g"}}
+    for extra, param in (  # malformed tool requests: a plain 400 naming the field
+        ({"tools": [tool], "tool_choice": named_g}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {}}]}, "tools[0].function"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {}}},
+            "response_format.json_schema.schema",
+        ),
+    ):
+        reply = await served.http("POST", "/v1/chat/completions", json={**base, **extra})
+        assert reply.status_code == 400, (extra, reply.text)
+        assert reply.json()["error"]["param"] == param, reply.text
     text = {"model": "tiny", "prompt": "Hi.", "max_tokens": 2}
     for extra, param in (
         ({"echo": True}, "echo"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"best_of": 2}, "best_of"),
         ({"suffix": "end"}, "suffix"),
         ({"logprobs": 0}, "logprobs"),
