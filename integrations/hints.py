@@ -7,8 +7,12 @@ Plain functions, no framework import. The names mirror the server's (§7.4):
 
 from __future__ import annotations
 
+import logging
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def hint_body(
@@ -48,6 +52,45 @@ the agent (``langgraph_checkpoint_ns``)."""
 def _checkpoint_path(namespace: str) -> list[str]:
     """Return the node names of a ``langgraph_checkpoint_ns`` (``a:<id>|b:<id>`` → a, b)."""
     return [part.split(":", 1)[0] for part in namespace.split("|") if part]
+
+
+def end_workflow(
+    base_url: str,
+    workflow_id: str,
+    *,
+    api_key: str = "pbkv",
+    cache_salt: str | None = None,
+    timeout_s: float = 10.0,
+) -> bool:
+    """End a workflow of ``pbkv serve`` without generating (``POST
+    /v1/pbkv/workflows/{id}/end``): what a framework's run-end hook calls.
+
+    Args:
+        base_url: the server's OpenAI base URL (``http://HOST:PORT/v1``).
+        workflow_id: the workflow's id, as its calls sent it.
+        api_key: the API key its calls used (the tenant).
+        cache_salt: the ``cache_salt`` its calls sent, if any.
+        timeout_s: how long the request may take.
+
+    Returns:
+        Whether it was open and is now ended; a failure (the server gone, the workflow
+        already ended) is logged, never raised.
+    """
+    import httpx
+
+    quoted = urllib.parse.quote(str(workflow_id), safe="")
+    url = f"{base_url.rstrip('/')}/pbkv/workflows/{quoted}/end"
+    body = {"cache_salt": cache_salt} if cache_salt else {}
+    try:
+        response = httpx.post(
+            url, json=body, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s
+        )
+    except httpx.HTTPError as exc:
+        log.warning("could not end workflow %s: %s", workflow_id, exc)
+        return False
+    if response.status_code != 200:
+        log.info("ending workflow %s: %s %s", workflow_id, response.status_code, response.text)
+    return response.status_code == 200
 
 
 def langgraph_hints(metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,21 +25,16 @@ at once instead of at the idle timeout.
 
 from __future__ import annotations
 
-import logging
 import threading
-import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from uuid import UUID
 
-import httpx
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.runnables.config import ensure_config
 from langchain_openai import ChatOpenAI
 
-from pbkv.integrations.hints import langgraph_hints
-
-log = logging.getLogger(__name__)
+from pbkv.integrations.hints import end_workflow, langgraph_hints
 
 
 class WorkflowEnds(BaseCallbackHandler):
@@ -71,9 +66,9 @@ class WorkflowEnds(BaseCallbackHandler):
         timeout_s: float = 10.0,
     ) -> None:
         super().__init__()
-        self._base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {api_key}"}
-        self._body = {"cache_salt": cache_salt} if cache_salt else {}
+        self._base_url = base_url
+        self._api_key = api_key
+        self._cache_salt = cache_salt
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._root: dict[UUID, UUID] = {}  # run → its root run
@@ -108,19 +103,15 @@ class WorkflowEnds(BaseCallbackHandler):
             self._end(workflow_id)
 
     def _end(self, workflow_id: str) -> None:
-        quoted = urllib.parse.quote(workflow_id, safe="")
-        url = f"{self._base_url}/pbkv/workflows/{quoted}/end"
-        try:
-            response = httpx.post(
-                url, json=self._body, headers=self._headers, timeout=self._timeout_s
-            )
-        except httpx.HTTPError as exc:
-            log.warning("could not end workflow %s: %s", workflow_id, exc)
-            return
-        if response.status_code == 200:
+        ended = end_workflow(
+            self._base_url,
+            workflow_id,
+            api_key=self._api_key,
+            cache_salt=self._cache_salt,
+            timeout_s=self._timeout_s,
+        )
+        if ended:
             self.ended.append(workflow_id)
-        else:
-            log.info("ending workflow %s: %s %s", workflow_id, response.status_code, response.text)
 
     def on_chain_start(
         self,

@@ -27,6 +27,13 @@ import trio
 from pbkv.server.errors import APIError, decode_body
 from pbkv.server.hints import Hints, bearer_key, key_tenant, resolve_hints
 from pbkv.server.prompts import check_size, tokenize
+from pbkv.server.responses import (
+    RESPONSES_DECODER,
+    ResponseBuilder,
+    ResponsesRequest,
+    chat_view,
+    response_usage,
+)
 from pbkv.server.sampling import request_sampling
 from pbkv.server.schemas import (
     CHAT_DECODER,
@@ -274,10 +281,15 @@ class _Responder:
             {"type": "http.response.start", "status": 200, "headers": [*_SSE_HEADERS, *headers]}
         )
 
-    async def event(self, record: Any) -> None:
+    async def event(self, record: Any, name: str | None = None) -> None:
         data = record if isinstance(record, bytes) else encode(record)
+        head = b"event: " + name.encode() + b"\n" if name else b""
         await self._send(
-            {"type": "http.response.body", "body": b"data: " + data + b"\n\n", "more_body": True}
+            {
+                "type": "http.response.body",
+                "body": head + b"data: " + data + b"\n\n",
+                "more_body": True,
+            }
         )
 
     async def end_events(self) -> None:
@@ -310,8 +322,9 @@ class _Generation:
 
 
 def _prompt_param(endpoint: str) -> str:
-    """The request field that holds the prompt of ``endpoint`` (``chat`` or ``text``)."""
-    return "messages" if endpoint == "chat" else "prompt"
+    """The request field that holds the prompt of ``endpoint`` (``chat``, ``text`` or
+    ``responses``)."""
+    return {"chat": "messages", "responses": "input"}.get(endpoint, "prompt")
 
 
 def _in_chain(exc: BaseException, found: Callable[[BaseException], bool]) -> bool:
@@ -411,6 +424,7 @@ class OpenAIApp:
         self._routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/responses"): self._responses,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
             ("HEAD", "/health"): self._health_head,
@@ -788,6 +802,12 @@ class OpenAIApp:
         messages = [_message_dict(m) for m in request.messages]
         await self._serve(scope, request, "chat", messages, responder, plan)
 
+    async def _responses(self, scope: Scope, body: bytes, responder: _Responder) -> None:
+        request = decode_body(RESPONSES_DECODER, body)
+        view = chat_view(request)
+        plan = reply_plan(view.tools, view.tool_choice, view.response_format)
+        await self._serve(scope, request, "responses", view.messages, responder, plan)
+
     async def _completions(self, scope: Scope, body: bytes, responder: _Responder) -> None:
         request = decode_body(COMPLETION_DECODER, body)
         prompt = request.prompt
@@ -816,7 +836,7 @@ class OpenAIApp:
                 code="model_not_found",
             )
 
-    def _hints(self, scope: Scope, request: ChatCompletionRequest | CompletionRequest) -> Hints:
+    def _hints(self, scope: Scope, request: Any) -> Hints:
         headers = _headers(scope)
         tenant = key_tenant(headers, self._config.api_keys)
         return resolve_hints(headers, request.pbkv, cache_salt=request.cache_salt, tenant=tenant)
@@ -824,7 +844,7 @@ class OpenAIApp:
     async def _generation(
         self,
         endpoint: str,
-        request: ChatCompletionRequest | CompletionRequest,
+        request: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
         prompt: str | list[dict[str, Any]],
         plan: ReplyPlan,
     ) -> _Generation:
@@ -836,7 +856,8 @@ class OpenAIApp:
         """
         if request.n != 1:
             raise APIError(400, f"n: only 1 choice is served, got {request.n}", param="n")
-        _refuse_unserved(request)
+        if not isinstance(request, ResponsesRequest):  # chat_view refused what it does not serve
+            _refuse_unserved(request)
         chat = self._runtime.chat
         check_size(prompt, _prompt_param(endpoint), chat.context_length_tokens, plan.tools)
         segments = await tokenize(chat, prompt, plan.tools)
@@ -844,6 +865,8 @@ class OpenAIApp:
         budget_param, budget = "max_tokens", request.max_tokens
         if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens:
             budget_param, budget = "max_completion_tokens", request.max_completion_tokens
+        elif isinstance(request, ResponsesRequest):
+            budget_param = "max_output_tokens"
         room = chat.context_length_tokens - prompt_tokens
         prompt_param = _prompt_param(endpoint)
         if room < 1:
@@ -908,7 +931,7 @@ class OpenAIApp:
     async def _serve(
         self,
         scope: Scope,
-        request: ChatCompletionRequest | CompletionRequest,
+        request: ChatCompletionRequest | CompletionRequest | ResponsesRequest,
         endpoint: str,
         prompt: str | list[dict[str, Any]],
         responder: _Responder,
@@ -926,7 +949,10 @@ class OpenAIApp:
         try:
             async with self._sessions.workflow(hints) as lease:
                 headers = [(b"x-pbkv-workflow-id", lease.workflow_id.encode())]
-                if generation.stream:
+                if endpoint == "responses":
+                    assert isinstance(request, ResponsesRequest)
+                    await self._respond(lease, hints.agent, generation, request, responder, headers)
+                elif generation.stream:
                     await self._stream(lease, hints.agent, generation, responder, headers)
                 else:
                     await self._whole(lease, hints.agent, generation, responder, headers)
@@ -1005,6 +1031,75 @@ class OpenAIApp:
             return "length" if len(reply.token_ids) >= generation.max_new_tokens else "stop"
         return str(reply.finish_reason)
 
+    async def _respond(
+        self,
+        lease: Lease,
+        agent: str,
+        generation: _Generation,
+        request: ResponsesRequest,
+        responder: _Responder,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """Serve a Responses API request, whole or as its stream of events."""
+        builder = ResponseBuilder(request, self.model)
+        parser = make_tool_parser(self._config.tool_call_parser)
+        parse = generation.plan.parse_calls
+        chat = self._runtime.chat
+        if not generation.stream:
+            reply = await self._call(lease, agent, generation)
+            text = streamed_text(reply.token_ids, chat.decode, chat.stop_text)
+            parsed = parse_reply(parser, text) if parse else None
+            content = parsed.content if parsed else text
+            calls = parsed.calls if parsed else ()
+            finish = self._finish_reason(reply, generation, StopCutter(), len(calls))
+            usage = response_usage(_usage(reply))
+            await lease.settle()
+            record = builder.whole(content, calls, finish, usage)
+            await responder.whole(200, encode(record), headers)
+            return
+
+        async def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+            for name, event in events:
+                await responder.event(msgspec.json.encode(event), name)
+
+        async with self._stream_call(lease, agent, generation) as stream:
+            async for delta in stream:
+                if not responder.started:
+                    await responder.start_events(headers)
+                    await send(builder.opening())
+                await send(builder.pieces(parser.feed(delta.text) if parse else [delta.text]))
+            reply = stream.reply
+        if not responder.started:
+            await responder.start_events(headers)
+            await send(builder.opening())
+        await lease.settle()
+        await send(builder.pieces(parser.finish() if parse else []))
+        finish = self._finish_reason(reply, generation, StopCutter(), builder.calls)
+        await send(builder.closing(finish, response_usage(_usage(reply))))
+        await responder.end_events()
+
+    async def _call(self, lease: Lease, agent: str, generation: _Generation) -> Any:
+        """Run ``generation`` as one call of the lease's workflow; return its reply."""
+        return await lease.workflow.call(
+            agent,
+            generation.prompt,
+            max_new_tokens=generation.max_new_tokens,
+            sampling=generation.sampling,
+            until=self._stop_watch(generation),
+            simulated=generation.simulated,
+        )
+
+    def _stream_call(self, lease: Lease, agent: str, generation: _Generation) -> Any:
+        """Run ``generation`` as one streamed call (``async with ... as stream``)."""
+        return lease.workflow.stream(
+            agent,
+            generation.prompt,
+            max_new_tokens=generation.max_new_tokens,
+            sampling=generation.sampling,
+            until=self._stop_watch(generation),
+            simulated=generation.simulated,
+        )
+
     def _ident(self, endpoint: str) -> str:
         prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
         return f"{prefix}-{secrets.token_hex(12)}"
@@ -1017,14 +1112,7 @@ class OpenAIApp:
         responder: _Responder,
         headers: list[tuple[bytes, bytes]],
     ) -> None:
-        reply = await lease.workflow.call(
-            agent,
-            generation.prompt,
-            max_new_tokens=generation.max_new_tokens,
-            sampling=generation.sampling,
-            until=self._stop_watch(generation),
-            simulated=generation.simulated,
-        )
+        reply = await self._call(lease, agent, generation)
         cutter = StopCutter(generation.stops)
         chat = self._runtime.chat
         text = cutter.feed(streamed_text(reply.token_ids, chat.decode, chat.stop_text))
@@ -1058,14 +1146,7 @@ class OpenAIApp:
         parser = (
             make_tool_parser(self._config.tool_call_parser) if generation.plan.parse_calls else None
         )
-        async with lease.workflow.stream(
-            agent,
-            generation.prompt,
-            max_new_tokens=generation.max_new_tokens,
-            sampling=generation.sampling,
-            until=self._stop_watch(generation),
-            simulated=generation.simulated,
-        ) as stream:
+        async with self._stream_call(lease, agent, generation) as stream:
             async for delta in stream:
                 if not responder.started:  # errors before the first token answer as JSON
                     await responder.start_events(headers)

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import jinja2
-import openai
 
 from pbkv.live.chat import tool_call_text
 from pbkv.server import ServerConfig
