@@ -248,3 +248,12 @@ def test_ctrl_c_while_loading_ends_the_command_without_a_traceback(monkeypatch, 
     captured = capsys.readouterr()
     assert "pbkv serve: interrupted" in captured.out
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_served_model_names_and_the_tool_call_parser_are_options(capsys):
+    args = build_parser().parse_args(
+        ["serve", "--served-model-name", "smol", "gpt-4o", "--tool-call-parser", "qwen25"]
+    )
+    assert (args.served_model_name, args.tool_call_parser) == (["smol", "gpt-4o"], "qwen25")
+    err = _serve_fails(capsys, "--engine", "sim", "--port", "0", "--tool-call-parser", "pythonic")
+    assert "unknown tool-call parser 'pythonic'; known: hermes, qwen25" in err
