@@ -188,6 +188,7 @@ POLICIES: dict[str, Policy] = {
         Policy("kvflow", kvflow_priority, prefetch="next-fixed", tracker="kvflow"),
         Policy("belady-est", belady_priority, tracker="belady"),
         Policy("continuum", lru_priority, tracker="continuum"),
+        Policy("autellix", lru_priority),  # eviction as the engine's; admission: autellix
         Policy("markov-survival", survival_priority, prefetch="conservative", tracker="survival"),
     )
 }

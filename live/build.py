@@ -25,9 +25,15 @@ ENGINES = ("sim", "torch")
 SIM_CONTEXT_TOKENS = 32_768
 """Context length the sim engine accepts (Qwen3's native window)."""
 
-DEFAULT_SCHEDULERS: dict[str, str] = {"pbkv": "workflow", "pbkv-aggressive": "workflow"}
-"""Each policy's scheduler when none is named; every other policy runs ``fcfs`` (what
-SGLang users get), so eviction and admission gains are measured apart."""
+DEFAULT_SCHEDULERS: dict[str, str] = {
+    "pbkv": "workflow",
+    "pbkv-aggressive": "workflow",
+    "continuum": "continuum",  # pins with program-level FCFS, as the paper runs them
+    "autellix": "autellix",  # program-level least-attained-service admission, LRU eviction
+}
+"""Each policy's scheduler when none is named; the others run ``fcfs`` (what SGLang
+users get), so eviction and admission gains are measured apart. A baseline system runs
+with its own scheduler, as its paper does."""
 
 DEFAULT_HOST_TIER = "write-through"
 """The host tier of SGLang HiCache (``hicache_write_policy="write_through"``), the system

@@ -76,8 +76,9 @@ def _add_workload_options(p: argparse.ArgumentParser) -> None:
         "--policies",
         type=_policies,
         default=",".join(d.policies),
-        help="comma-separated policies (also kvflow, belady-est, pbkv-aggressive); "
-        "name:scheduler picks a row's scheduler, e.g. lru:workflow",
+        help="comma-separated policies (also lae, he, kvflow, belady-est, pbkv-aggressive, "
+        "and the 2025-26 baselines continuum, autellix, markov-survival); name:scheduler "
+        "picks a row's scheduler, e.g. lru:workflow",
     )
     p.add_argument(
         "--scheduler",
