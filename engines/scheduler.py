@@ -13,12 +13,9 @@ policy. The schedulers, by name:
   every running workflow's context cannot stay cached, running them all makes reuse
   cyclic (each context is evicted just before its next step), so the cohort keeps its
   contexts and the rest wait their turn. A held-back request is no near use of its
-  prefix, so queue-aware eviction does not count it (its walk still ranks it): counted,
-  a young workflow's waiting prompt outranked an older workflow's context between two
-  tool calls, which comes back and goes first. Measured (pbkv mean latency, s, counted /
-  not): toolloop 96 workflows c=32 seeds 0/1 454.87 / 445.38 and 327.46 / 321.02
-  (lru:workflow 438.31, 324.55); hover 144 workflows c=72 seeds 0/1 557.53 / 556.81 and
-  565.15 / 564.55; swebench c=24 253.42 / 254.81; τ-bench c=48 171.55 / 170.89.
+  prefix, so queue-aware eviction does not count it (its walk still ranks it): an older
+  workflow's context between two tool calls comes back and goes first, so a younger
+  workflow's waiting prompt must not outrank it (figures: ``docs/design.md``).
 - ``continuum`` and ``autellix``: the 2025–26 baselines, Continuum's program-level FCFS
   with pinned programs first (:mod:`pbkv.engines.continuum`) and Autellix's program-level
   least attained service (:mod:`pbkv.engines.autellix`).
@@ -32,19 +29,17 @@ its fixed chunk (``max_prefill_tokens`` a step, 8,192 in the sim as SGLang's chu
 prefill on large GPUs): a step that carries a full chunk is compute-bound for seconds,
 and every decoding request gains one token in it. ``workflow`` asks for *balanced*
 (stall-free) batches instead: while requests decode, a step carries only the prefill
-tokens that fit in the decode step's idle compute (Sarathi-Serve's token budget). The
-prefill rate is the same (the GPU stays compute-bound), but decodes no longer stall, so
-requests give their blocks back sooner and more of them fit. Measured on hover (144
-workflows, c=72, mean latency): pbkv:workflow 723.26 s -> 556.43 s (lru:workflow 732.64 s,
-lru 1,057.68 s, lru:fcfs-balanced 875.06 s). ``fcfs-balanced`` is ``fcfs`` with balanced
-batches, so batch composition's share is measured apart.
+tokens that fit in the decode step's idle compute (Sarathi-Serve's token budget,
+Agrawal et al., OSDI 2024). The prefill rate is the same (the GPU stays compute-bound),
+but decodes no longer stall, so requests give their blocks back sooner and more of them
+fit (figures: ``docs/design.md``). ``fcfs-balanced`` is ``fcfs`` with balanced batches,
+so batch composition's share of a gain is measured apart.
 
 Small chunks stretch a prefill over many steps, so the sim engine commits each chunk's
 full blocks as it lands, and ``workflow`` holds a request whose next uncached block a
 running request is computing (:meth:`KVManager.prefix_in_flight`) until it is committed:
 otherwise two workflows' requests for one role prompt would both compute it (SGLang's
-in-batch prefix caching does the same within a batch). Measured on financebench c=32
-(64 workflows): GPU hit 28.40% balanced alone, 29.13% with both (lru 29.44%).
+in-batch prefix caching does the same within a batch).
 
 ``workflow`` can also *retract* (``preempt=True``, registered as ``workflow-retract``;
 SGLang's word, vLLM's preemption by recompute): when the request that must go next (a
@@ -77,14 +72,9 @@ DEFAULT_MAX_BYPASS = 32
 """Times a queued request may be overtaken before it blocks everything behind it."""
 
 DEFAULT_COHORT_FILL = 0.5
-"""Share of GPU + host capacity the workflow scheduler's cohort may fill. Measured with
-fixed 8,192-token chunks (before balanced batches) and before the prefill-share gate
-(with it, 0.5 gives 726.26 / 849.20), pbkv / lru:workflow mean latency in s, hover 144
-workflows at c=72: 0.30: 768.5; 0.35: 731.5; 0.40: 706.2 / 794.7; 0.42: 700.4 / 794.5;
-0.45: 700.7 / 799.9; 0.46: 698.3 / 813.8; 0.47: 705.2 / 816.8; 0.50: 712.5 / 837.2
-(too small a cohort idles the GPU, too large makes reuse cyclic). 0.46 would give pbkv
-1.515x lru there, but swebench at c=24 (96 workflows) wants more: pbkv 358.96 s at 0.46,
-352.86 s at 0.5."""
+"""Share of GPU + host capacity the workflow scheduler's cohort may fill (> 0): too
+small a cohort idles the GPU, too large makes reuse cyclic. Chosen on hover at c=72 and
+swebench at c=24 (the sweep: ``docs/design.md``)."""
 
 DEFAULT_MAX_RETRACTIONS = 2
 """Times one request may be retracted (paused and requeued) before it runs to its end."""
@@ -525,11 +515,10 @@ class WorkflowScheduler(_RankedScheduler):
     ranks by age alone.
 
     With ``preempt``, a request that goes next and does not fit retracts running
-    requests of younger workflows (see :meth:`victims`). Off by default: measured on
-    hover (144 workflows, c=72, pbkv) it costs more than it gains (mean latency 764.99 s
-    with it, 712.54 s without; at ``cohort_fill=0.46`` 717.22 s against 698.27 s): a
-    retraction shrinks the decode batch and its KV is reloaded or recomputed, and under
-    closed-loop load latency follows throughput, not the order workflows are served in.
+    requests of younger workflows (see :meth:`victims`). Off by default, since it costs
+    more than it gains at the paper's hover load (``docs/design.md``): a retraction
+    shrinks the decode batch and its KV is reloaded or recomputed, and under closed-loop
+    load latency follows throughput, not the order workflows are served in.
 
     Args:
         max_bypass: see :class:`_RankedScheduler`.

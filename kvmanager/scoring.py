@@ -47,11 +47,8 @@ no mass would otherwise settle the question for ever)."""
 HISTORY_WEIGHT_PRIOR = 0.1
 """The history's weight before any call is checked (odds 1:9 against it). Once the calls
 favour the forecast more than that (log-odds below the prior's) the weight is 0 and the
-score is Eq. 2 exactly (ties stay ties). Measured (64 workflows unless named): treating
-the prior itself as 0 changes every c=16/c=32 GPU hit by at most 0.4 pt but runs hover
-at 144 workflows, c=72 in 726.85 s (Eq. 2: 726.26; with this prior: 723.26); a prior of
-0.01 runs τ-bench at 144 workflows, c=48 in 205.04 s (Eq. 2 and this prior: 203.48).
-Those loads move 2-4% for gamma 0.79 or 0.81, so they show small ranking changes first."""
+score is Eq. 2 exactly (ties stay ties). Chosen against 0 and 0.01 at the paper's loads
+(``docs/design.md``)."""
 _POWERS = 8
 """``gamma**k`` a :class:`ScoreBoard` takes once, for ``k < _POWERS`` (horizons to 7 and
 the tail past them)."""
@@ -113,8 +110,8 @@ def agent_weights(
     Within the horizon a forecast can be sure that *some* agent of a kind runs next yet
     unable to say which: markov-1 on a selector group chat that keeps naming one member
     gives every member about 0.22 after the Selector, so the member the chat keeps
-    calling ranks with the idle ones, below the Selector's context (GPU hit 68.9% vs
-    lru's 69.7%; per agent: members 65% vs lru's 92%, Selector 72% vs 50%). With
+    calling ranks with the idle ones, below the Selector's context
+    (``docs/design.md`` has the hit rates). With
     ``history_weight = m > 0`` each row is mixed with its history-sharpened row
     (:func:`history_sharpened`)::
 
