@@ -146,3 +146,4 @@ class PathObserved(msgspec.Struct, frozen=True, tag=True):
     app: str
     path: tuple[str, ...]
     tenant: str = ""
+    workflow_id: str = ""

@@ -103,7 +103,7 @@ class KVManagerActor(Actor):
                 ended = self._workflows.pop(w, None)
                 self.kv.on_workflow_terminated(w)
                 if ended is not None and ended.path and reason in RAN_TO_END:
-                    self._tell_path(ended)
+                    self._tell_path(w, ended)
             case _:
                 raise TypeError(f"KVManagerActor cannot handle {type(msg).__name__}")
 
@@ -137,13 +137,15 @@ class KVManagerActor(Actor):
         self.kv.on_forecast(w, forecast.probabilities, forecast.agents)
         self.forecasts_applied += 1
 
-    def _tell_path(self, view: _WorkflowView) -> None:
+    def _tell_path(self, workflow_id: str, view: _WorkflowView) -> None:
         """Hand an ended workflow's path to the predictor (online learning); dropped and
         counted when its mailbox is full, so the KV manager never waits on it."""
         if self.predictor is None:
             return
         try:
-            told = self.predictor.try_tell(PathObserved(view.app, tuple(view.path), view.tenant))
+            told = self.predictor.try_tell(
+                PathObserved(view.app, tuple(view.path), view.tenant, workflow_id)
+            )
         except ActorStopped:
             told = False
         if not told:

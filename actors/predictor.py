@@ -121,7 +121,8 @@ class PredictorActor(Actor):
         self._fallbacks = self._failures = self._unanswered = 0
         self._fixed_agents: tuple[str, ...] = tuple(fixed[0].agents) if fixed else ()
         self._vocabulary = frozenset(self._fixed_agents)
-        self._learns = any(learns_agents(f) for f in self.chain)
+        self._learners = [f for f in self.chain if learns_agents(f)]
+        self._learns = bool(self._learners)
         self._unknown_requests = self._rejected = 0
         self._unknown_agents: set[str] = set()
 
@@ -134,6 +135,11 @@ class PredictorActor(Actor):
         match msg:
             case ForecastRequest():
                 self._requests += 1
+                if msg.path:
+                    for forecaster in self._learners:
+                        forecaster.observe_step(  # type: ignore[attr-defined]
+                            msg.workflow_id, msg.app, msg.path, tenant=msg.tenant
+                        )
                 if not self._pending:
                     self._deadline_s = now_s() + self.max_wait_s
                 self._pending.append(msg)
@@ -141,10 +147,9 @@ class PredictorActor(Actor):
                     await self._flush()
                 elif self._mailbox_empty():
                     await self._flush_when_due()
-            case PathObserved(app=app, path=path, tenant=tenant):
-                for forecaster in self.chain:
-                    if learns_agents(forecaster):
-                        forecaster.observe(app, path, tenant=tenant)  # type: ignore[attr-defined]
+            case PathObserved(app=app, path=path, tenant=tenant, workflow_id=w):
+                for forecaster in self._learners:
+                    forecaster.observe(app, path, tenant=tenant, workflow_id=w)  # type: ignore[attr-defined]
             case _:
                 raise TypeError(f"PredictorActor cannot handle {type(msg).__name__}")
 

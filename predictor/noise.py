@@ -87,9 +87,17 @@ class OnlineNoiseForecaster(NoiseForecaster):
             out.append(Forecast((1.0 - self.lam) * p + self.lam * u, forecast.agents))
         return out
 
-    def observe(self, app: str, path: Sequence[str], *, tenant: str = "") -> None:
+    def observe(
+        self, app: str, path: Sequence[str], *, tenant: str = "", workflow_id: str = ""
+    ) -> None:
         """Learn from one ended workflow (the inner model's counts; noise is not learned)."""
-        self.online.observe(app, path, tenant=tenant)
+        self.online.observe(app, path, tenant=tenant, workflow_id=workflow_id)
+
+    def observe_step(
+        self, workflow_id: str, app: str, path: Sequence[str], *, tenant: str = ""
+    ) -> None:
+        """Learn from a running workflow's grown path (the inner model's counts)."""
+        self.online.observe_step(workflow_id, app, path, tenant=tenant)
 
     def warm_start(self, app: str, agents: Sequence[str], edges: Iterable[tuple[str, str]]) -> None:
         """As :meth:`~pbkv.predictor.online.OnlineMarkovForecaster.warm_start`."""

@@ -2,7 +2,7 @@
 
 The default predictor of ``policy="pbkv"``: it needs no training run. One model per
 ``(app, tenant)`` counts which agent (or ``END``) follows each context of the last ``m``
-agents (``m = 1..order``) over the workflows that have ended, and estimates the next-step
+agents (``m = 1..order``) in the workflows it has seen, and estimates the next-step
 distribution by Witten–Bell interpolation (Witten & Bell, IEEE Trans. Inf. Theory 1991;
 as used for n-gram language models)::
 
@@ -18,9 +18,10 @@ seen are learned (added to the app's vocabulary) rather than refused, up to a bo
 A K-step forecast rolls the distribution over order-n contexts forward, reporting each
 step conditional on the workflow being alive before it (:mod:`pbkv.predictor.base`).
 
-Accuracy is measured prequentially (test, then train): when a workflow ends, every step
-of its path is first predicted by the model as it stood, top-1 at ``k = 1..K`` scored
-against what ran (``END`` included), and only then are its transitions counted.
+It learns as workflows run: each new agent a workflow calls is counted as it is called,
+and ``END`` when the workflow ends. Accuracy is measured prequentially (test, then
+train): at every step the model's top-1 for the next ``k = 1..K`` steps is kept, and
+scored against what ran (``END`` included) when that step comes, before it is counted.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ class OnlineAccuracy:
     recent_top1: tuple[float, ...]
 
 
+class _Run:
+    """A running workflow's learning state: steps counted, predictions not yet scored."""
+
+    __slots__ = ("seen", "pending")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.pending: dict[int, list[tuple[int, str]]] = {}  # step -> [(k, top-1 agent)]
+
+
 class _AppModel:
     """The counts of one ``(app, tenant)``: a growing vocabulary and context counts."""
 
@@ -89,8 +100,9 @@ class OnlineMarkovForecaster:
     """An order-n agent chain per app and tenant, learned from the live event stream.
 
     It is fed by the runtime: :meth:`forecast_each` answers the PredictorActor's batches,
-    :meth:`observe` is called with each workflow's path as it ends (``end`` or
-    ``recursion_limit``), and :meth:`warm_start` gives a graph app's declared edges.
+    :meth:`observe_step` sees each workflow's path grow (every forecast request carries
+    it), :meth:`observe` its end (``end`` or ``recursion_limit``), and
+    :meth:`warm_start` gives a graph app's declared edges.
     Memory is bounded: at most ``max_models`` models (least recently used dropped), each
     at most ``max_agents`` agents (a path naming more gets no forecast) and
     ``max_contexts`` counted contexts (past it only new order-1 contexts are counted).
@@ -100,6 +112,8 @@ class OnlineMarkovForecaster:
         order: ``n``, the longest context, 1 to 3.
         window: predictions the ``recent_top1`` accuracy averages over.
         max_models / max_agents / max_contexts: the memory bounds above.
+        max_running: running workflows whose learning state is kept (least recently
+            seen dropped: a workflow that never ends does not hold memory for ever).
 
     Raises:
         ValueError: a bound below 1 or an ``order`` outside 1..3.
@@ -118,6 +132,7 @@ class OnlineMarkovForecaster:
         max_models: int = 256,
         max_agents: int = 512,
         max_contexts: int = 65_536,
+        max_running: int = 65_536,
     ) -> None:
         if not 1 <= order <= MAX_ORDER:
             raise ValueError(f"order must be 1 to {MAX_ORDER}, got {order}")
@@ -127,6 +142,7 @@ class OnlineMarkovForecaster:
             ("max_models", max_models),
             ("max_agents", max_agents),
             ("max_contexts", max_contexts),
+            ("max_running", max_running),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -141,6 +157,8 @@ class OnlineMarkovForecaster:
         self._hits = [0] * horizon
         self._scored = [0] * horizon
         self._recent = [deque[bool](maxlen=window) for _ in range(horizon)]
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self.max_running = max_running
 
     # -- feeding -----------------------------------------------------------------------
 
@@ -164,31 +182,97 @@ class OnlineMarkovForecaster:
         for key in [k for k in self._models if k[0] == app]:
             del self._models[key]
 
-    def observe(self, app: str, path: Sequence[str], *, tenant: str = "") -> None:
-        """Learn from one ended workflow: score the model on ``path``, then count it.
+    def observe_step(
+        self, workflow_id: str, app: str, path: Sequence[str], *, tenant: str = ""
+    ) -> None:
+        """Learn from a running workflow's path as it grows (each new agent it calls).
+
+        For each agent not seen before: first score the top-1 predictions made earlier
+        for this step (at ``k`` steps ahead, from the model as it was then), then count
+        the transition into it, then predict the next ``K`` steps from the new prefix
+        (kept to be scored when they come). Repeats of a path already seen change
+        nothing.
+
+        Args:
+            workflow_id: the workflow (its pending predictions and counted length).
+            app / tenant: whose model learns.
+            path: the agents the workflow ran so far, in order.
+
+        Mutates: the model's counts and vocabulary; the accuracy counters; the pending
+        predictions of ``workflow_id``.
+        """
+        model = self._model(app, tenant)
+        run = self._runs.get(workflow_id)
+        if run is None:
+            run = self._runs[workflow_id] = _Run()
+            while len(self._runs) > self.max_running:
+                self._runs.popitem(last=False)
+        self._runs.move_to_end(workflow_id)
+        for i in range(run.seen, len(path)):
+            agent = path[i]
+            self._score_due(run, i, agent)
+            if agent not in model.index and len(model.agents) < self.max_agents:
+                model.add(agent)
+            if i:
+                self._count_into(model, path[:i], agent)
+            self._predict(model, run, path[: i + 1], i)
+        run.seen = max(run.seen, len(path))
+
+    def observe(
+        self, app: str, path: Sequence[str], *, tenant: str = "", workflow_id: str = ""
+    ) -> None:
+        """Learn from one ended workflow: its steps not yet seen (:meth:`observe_step`),
+        then ``END`` after its last agent (scored first, then counted).
 
         Args:
             app / tenant: whose model learns.
             path: the agents the workflow ran, in order (empty: ignored).
+            workflow_id: the id its steps were observed under; ``""``: none were.
 
         Mutates: the model's counts and vocabulary; the accuracy counters.
         """
         if not path:
+            self._runs.pop(workflow_id, None)
             return
+        key = workflow_id or f"\0ended-{self._workflows}"
+        self.observe_step(key, app, path, tenant=tenant)
+        run = self._runs.pop(key)
         model = self._model(app, tenant)
+        self._score_due(run, len(path), END)
+        self._count_into(model, path, END)
         self._workflows += 1
-        self._score(model, path)
-        for agent in path:
-            if agent not in model.index and len(model.agents) < self.max_agents:
-                model.add(agent)
-        columns = [model.index.get(a) for a in path]
-        for t in range(1, len(columns) + 1):
-            nxt = columns[t] if t < len(columns) else _END
-            history = columns[max(0, t - self.order) : t]
-            if nxt is None or None in history:
-                continue  # past the vocabulary bound: not counted
-            self._count(model, tuple(history), nxt)  # type: ignore[arg-type]
+
+    def _score_due(self, run: _Run, index: int, actual: str) -> None:
+        """Score the predictions made earlier for step ``index`` (then forget them)."""
+        for k, predicted in run.pending.pop(index, ()):
+            hit = predicted == actual
+            self._hits[k - 1] += hit
+            self._scored[k - 1] += 1
+            self._recent[k - 1].append(hit)
+
+    def _count_into(self, model: _AppModel, history: Sequence[str], nxt: str) -> None:
+        context = self._context(model, history)
+        column = _END if nxt == END else model.index.get(nxt)
+        if context is None or column is None:
+            return  # past the vocabulary bound: not counted
+        self._count(model, context, column)
         model.changed()
+
+    def _predict(self, model: _AppModel, run: _Run, prefix: Sequence[str], index: int) -> None:
+        """Keep the top-1 of the next ``K`` steps after ``prefix`` (its last agent is step
+        ``index``), to be scored when each comes; a prefix the model cannot forecast
+        (past its vocabulary bound) predicts nothing, and those steps score as misses."""
+        context = self._context(model, prefix)
+        names = (*model.agents, END)
+        for k in range(1, self.horizon + 1):
+            if context is None:
+                guess = ""
+            else:
+                rows = model.rolls.get(context)
+                if rows is None:
+                    rows = model.rolls[context] = self._roll(model, context)
+                guess = names[int(np.argmax(rows[k - 1]))]
+            run.pending.setdefault(index + k, []).append((k, guess))
 
     # -- forecasting -------------------------------------------------------------------
 
@@ -333,23 +417,3 @@ class OnlineMarkovForecaster:
                 rows[k, -1] = 1.0
             contexts = following
         return rows
-
-    def _score(self, model: _AppModel, path: Sequence[str]) -> None:
-        """Score top-1 at ``k = 1..K`` from every prefix of ``path`` (before learning it)."""
-        names = (*model.agents, END)
-        for t in range(1, len(path) + 1):
-            context = self._context(model, path[:t])
-            rows = None
-            if context is not None:
-                rows = model.rolls.get(context)
-                if rows is None:
-                    rows = model.rolls[context] = self._roll(model, context)
-            for k in range(1, self.horizon + 1):
-                at = t - 1 + k
-                if at > len(path):
-                    break  # the workflow had ended: rows past END are not scored
-                actual = path[at] if at < len(path) else END
-                hit = rows is not None and names[int(np.argmax(rows[k - 1]))] == actual
-                self._hits[k - 1] += hit
-                self._scored[k - 1] += 1
-                self._recent[k - 1].append(hit)
