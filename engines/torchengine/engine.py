@@ -9,27 +9,27 @@ prefetches. Then, in a worker thread (``trio.to_thread``, so the event loop stay
 run the queued copies in order and the model. Back on the trio thread, ``commit`` what
 was computed and finish requests.
 
-A running request keeps its KV in a contiguous transformers ``DynamicCache``: built at
-its first prefill chunk from the gathered blocks of its cached prefix (so only the
-uncached suffix is computed), extended by prefill and decode, and written into the
-request's private blocks before each ``commit`` (after prefill, and at finish for the
-blocks the output filled). Requests interleave fairly: every step advances every
-decoding request by one token, in one batched forward over their left-padded past KV,
-and prefill is chunked so a long prompt does not stall the decodes.
+A running request's KV lives in the device pool and nowhere else: its cached prefix in
+the tree's blocks, the rest in the private blocks reserved at admission, written in place
+as each token is computed (:class:`~pbkv.engines.torchengine.forward.PagedForward`), so
+a commit hands the tree blocks that are already filled. Every step is one forward over
+all its work, prefill chunks and one decode token per decoding request together, with
+one LM head over the rows that emit a token and one device-to-host read of their greedy
+picks.
 
 A scheduler that asks for ``balanced_prefill`` (``workflow``, ``fcfs-balanced``) gets
 the sim engine's stall-free batches: while requests decode, a step carries only the
 prefill tokens whose marginal time fills one decode forward's (measured,
 :class:`~pbkv.engines.torchengine.stepcost.StepCosts`), not the full chunk, and each
-chunk's full blocks are committed as they land. Every step's prefill and decode
-seconds feed :attr:`prefill_share`, which the ``workflow`` scheduler's hold-back reads.
+chunk's full blocks are committed as they land. A step's time is split into decode (what
+its decode rows alone cost, measured on pure decode steps) and prefill (the rest); both
+feed :attr:`prefill_share`, which the ``workflow`` scheduler's hold-back reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import logging
 import time
 from collections import deque
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import trio
 
 from pbkv.engines.base import EngineError, GenerateRequest
 from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
+from pbkv.engines.torchengine.forward import PagedForward, Segment
 from pbkv.engines.torchengine.model import KVLayout
 from pbkv.engines.torchengine.pool import BlockCopy, CopyDone, PagedKVPools
 from pbkv.engines.torchengine.stepcost import StepCosts
@@ -89,10 +89,13 @@ class TorchStatistics:
     """Engine counters; times are wall-clock seconds.
 
     ``copy_s``, ``prefill_s`` and ``decode_s`` are the worker thread's time in each part
-    of the steps; ``busy_s`` is the steps' whole time, the hand-off to the worker thread
-    and back included (so the parts sum to at most it). ``decode_forwards`` counts
-    batched decode forwards (``decode_tokens`` over it is the mean decode batch);
-    ``h2d_blocks`` / ``d2h_blocks`` count blocks queued for copy.
+    of the steps (a forward that carries both is split as
+    :meth:`TorchEngine._note_costs` says); ``busy_s`` is the steps' whole time, the
+    hand-off to the worker thread and back included (so the parts sum to at most it).
+    ``forwards`` counts model forwards (one per step that computes; more only where a
+    failed forward is run again row by row); ``decode_forwards`` those that carried
+    decodes (``decode_tokens`` over it is the mean decode batch); ``h2d_blocks`` /
+    ``d2h_blocks`` count blocks queued for copy.
     """
 
     steps: int
@@ -107,6 +110,7 @@ class TorchStatistics:
     prefetch_steps: int
     retractions: int = 0
     busy_s: float = 0.0
+    forwards: int = 0
 
 
 @dataclass(slots=True)
@@ -122,6 +126,7 @@ class _Counters:
     d2h_blocks: int = 0
     prefetch_steps: int = 0
     busy_s: float = 0.0
+    forwards: int = 0
 
 
 def make_kv_config(
@@ -156,14 +161,11 @@ def make_kv_config(
 
 @dataclass(eq=False)
 class _Entry(Queued):
-    """A request's state. The worker thread writes ``cache``..``finished`` during a step."""
+    """A request's state. The worker thread writes ``pos``..``finished`` during a step."""
 
-    private: list[int] = field(default_factory=list)  # the admission's reserved blocks
-    used_private: int = 0  # leading private blocks already written
-    stored_blocks: int = 0  # leading sequence blocks held in the tree or written
+    write_from: int = 0  # first position whose KV this request writes (the rest is shared)
     prompt_committed: bool = False
-    pos: int = 0  # tokens whose KV is in ``cache``
-    cache: Any = None
+    pos: int = 0  # tokens whose KV is in the pool
     output: list[int] = field(default_factory=list)
     hidden: np.ndarray | None = None
     finished: bool = False
@@ -176,11 +178,23 @@ class _Entry(Queued):
 
 @dataclass(frozen=True, slots=True)
 class _Chunk:
-    """``tokens`` prompt tokens of ``entry`` to prefill; ``prefix_blocks`` on the first one."""
+    """``tokens`` prompt tokens of ``entry`` to prefill."""
 
     entry: _Entry
     tokens: int
-    prefix_blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One request's work in a step's forward: its segment (a chunk or a decode token)."""
+
+    entry: _Entry
+    segment: Segment
+
+    @property
+    def emits(self) -> bool:
+        """Whether this row ends in a token to sample (a decode, or a prompt's end)."""
+        return self.segment.end >= self.entry.prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +202,7 @@ class _StepPlan:
     copies: list[BlockCopy]
     prefills: list[_Chunk]
     decodes: list[_Entry]
+    rows: list[_Row] = field(default_factory=list)  # the forward's work, in order
 
     @property
     def empty(self) -> bool:
@@ -197,13 +212,12 @@ class _StepPlan:
 @dataclass(frozen=True, slots=True)
 class _Executed:
     """What one step's worker run gave back: the copies' completion, the requests whose
-    own work raised, and the worker's seconds in each part."""
+    own work raised, and the worker's seconds in copies and in the forward."""
 
     done: CopyDone
     failed: dict[_Entry, Exception]
     copy_s: float
-    prefill_s: float
-    decode_s: float
+    forward_s: float
 
 
 @dataclass(eq=False, slots=True)
@@ -257,10 +271,8 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self.pools = PagedKVPools(
             self.layout, kv.config.gpu_capacity_blocks, kv.config.host_capacity_blocks, self.device
         )
-        self._decoder = model.get_decoder()
+        self._paged = PagedForward(model, self.pools)
         self._head = model.get_output_embeddings()
-        params = inspect.signature(self._decoder.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self._stop = _stop_tokens(self.config.stop_token_ids, model)
         self._vocab = int(model.config.vocab_size)
         self._max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -302,7 +314,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             return
         if plan.decodes and not plan.prefills and not self._waiting:
             self._prefetch()  # idle space and idle bandwidth only (§5.4)
-            plan = _StepPlan(self._take_copies(plan.copies), plan.prefills, plan.decodes)
+            plan = dataclasses.replace(plan, copies=self._take_copies(plan.copies))
         started = now_s()
         busy_from = time.perf_counter()
         self._executing = True
@@ -342,17 +354,32 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self._note_idle(now_s() - started_s)
 
     def _note_costs(self, plan: _StepPlan, ran: _Executed) -> None:
-        """Fold a step's worker times into :attr:`costs` and :attr:`prefill_share`."""
+        """Split a step's forward into decode and prefill seconds; fold them into
+        :attr:`costs`, the counters and :attr:`prefill_share`.
+
+        The decode rows of a mixed step are billed what a pure decode forward costs
+        now (:attr:`StepCosts.decode_step_s`, at most the forward), the prefill tokens
+        the rest: their marginal time, the figure balanced batches are sized by.
+        """
         prefill_tokens = sum(c.tokens for c in plan.prefills)
-        self.costs.observe(prefill_tokens, ran.prefill_s, ran.decode_s if plan.decodes else 0.0)
-        self._note_busy(ran.copy_s + ran.prefill_s + ran.decode_s, ran.prefill_s)
+        if plan.decodes and not prefill_tokens:
+            decode_s = ran.forward_s
+        elif plan.decodes:
+            decode_s = min(ran.forward_s, self.costs.decode_step_s or 0.0)
+        else:
+            decode_s = 0.0
+        prefill_s = ran.forward_s - decode_s
+        self.costs.observe(prefill_tokens, prefill_s, decode_s if not prefill_tokens else 0.0)
+        self._counters.copy_s += ran.copy_s
+        self._counters.prefill_s += prefill_s
+        self._counters.decode_s += decode_s
+        self._note_busy(ran.copy_s + ran.forward_s, prefill_s)
 
     def _start(self, entry: _Entry, admission: Admission) -> None:
         entry.admission = admission
-        entry.private = list(admission.private_blocks)
-        entry.stored_blocks = admission.matched_blocks
         cached = admission.matched_blocks * self.kv.config.block_size
         entry.pos = min(cached, entry.prompt_tokens - 1)  # recompute >= 1 token for logits
+        entry.write_from = cached  # a recomputed last token sits in a shared block
         for load in admission.loads:
             if load not in self._loading:
                 self._queue_load(load)
@@ -390,10 +417,20 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             if entry.prefilled or not self._loads_done(entry):
                 continue
             n = min(entry.prompt_tokens - entry.pos, budget)
-            prefix = self._prefix_blocks(entry) if entry.cache is None else ()
-            prefills.append(_Chunk(entry, n, prefix))
+            prefills.append(_Chunk(entry, n))
             budget -= n
-        return _StepPlan(self._take_copies([]), prefills, decodes)
+        rows = [self._prefill_row(c) for c in prefills] + [self._decode_row(e) for e in decodes]
+        return _StepPlan(self._take_copies([]), prefills, decodes, rows)
+
+    def _prefill_row(self, chunk: _Chunk) -> _Row:
+        entry = chunk.entry
+        ids = entry.request.prompt_token_ids[entry.pos : entry.pos + chunk.tokens]
+        return _Row(entry, Segment(ids, entry.pos, self._blocks(entry), entry.write_from))
+
+    def _decode_row(self, entry: _Entry) -> _Row:
+        """Feed the last output token, whose KV is not computed yet."""
+        at = entry.prompt_tokens + len(entry.output) - 1
+        return _Row(entry, Segment((entry.output[-1],), at, self._blocks(entry), entry.write_from))
 
     def _apply(self, plan: _StepPlan) -> None:
         now = now_s()
@@ -405,8 +442,10 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
                 self.kv.commit(entry.admission, entry.keys)
                 entry.prompt_committed = True
                 entry.first_token_s = entry.first_token_s or now  # a resumption keeps its own
-            elif entry.stored_blocks > entry.admission.committed_blocks:  # a stored chunk
-                self.kv.commit(entry.admission, entry.keys[: entry.stored_blocks])
+            elif self._commits_chunks():
+                full = entry.pos // self.kv.config.block_size
+                if full > entry.admission.committed_blocks:
+                    self.kv.commit(entry.admission, entry.keys[:full])
         self._counters.decode_tokens += len(plan.decodes)
         self._counters.decode_forwards += 1 if plan.decodes else 0
         for entry in self._running:
@@ -417,15 +456,12 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
     def _end_here(self, entry: _Entry) -> None:
         """Finish ``entry`` at its last streamed token, as its caller asked (a stop
-        sequence): store the output's full blocks, as :meth:`_emit` does at a normal end.
-
-        Runs on the trio thread between steps (as :meth:`_pause` does).
-        """
+        sequence). Runs on the trio thread between steps (as :meth:`_pause` does)."""
         del entry.output[entry.streamed :]  # none in practice: one token per step
         entry.finished = True
-        self._store_upto(entry, entry.prompt_tokens + len(entry.output) - 1)
 
     def _finish(self, entry: _Entry, now: float) -> None:
+        """Commit the sequence's full blocks (written in place), release, and answer."""
         req, adm = entry.request, entry.admission
         assert adm is not None
         computed = req.prompt_token_ids + tuple(entry.output[:-1])  # the last has no KV yet
@@ -433,7 +469,6 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         self.kv.commit(adm, keys)
         self.kv.release(adm)
         self._running.remove(entry)
-        entry.cache = None
         entry.result = self._result(entry, entry.output, now, entry.hidden)
         entry.done.set()
 
@@ -448,37 +483,28 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         return [e for e in self._running if self._loads_done(e) and not e.finished]
 
     def _pause(self, entry: _Entry) -> list[int]:
-        """Write the full blocks computed so far into the request's reserved blocks and
-        commit them: the prefilled part of the prompt, or the prompt and every output
-        token but the last (whose KV is not computed yet); drop its KV cache.
+        """Commit the full blocks computed so far (already in place): the prefilled part
+        of the prompt, or the prompt and every output token but the last (whose KV is
+        not computed yet); reset the request to run again.
 
         The sampling generator is kept, so a sampled request draws the same tokens.
         """
         adm = entry.admission
         assert adm is not None
         output = list(entry.output)
-        if entry.cache is not None:
-            computed = entry.prompt_tokens + len(output) - 1 if output else entry.pos
-            self._store_upto(entry, computed)
+        computed = entry.prompt_tokens + len(output) - 1 if output else entry.pos
         seq = entry.request.prompt_token_ids + tuple(output[:-1])
         bs = self.kv.config.block_size
         keys = block_keys(seq, bs, entry.request.namespace, known=entry.keys)
-        keys = keys[: entry.stored_blocks]
+        keys = keys[: computed // bs]
         if len(keys) > adm.committed_blocks:
             self.kv.commit(adm, keys)
-        entry.private = []
-        entry.used_private = 0
-        entry.stored_blocks = 0
+        entry.write_from = 0
         entry.prompt_committed = False
         entry.pos = 0
-        entry.cache = None
         entry.output = []
         entry.finished = False
         return output
-
-    def _fail(self, entry: _Entry, error: BaseException) -> None:
-        entry.cache = None
-        super()._fail(entry, error)
 
     def _fail_requests(self, plan: _StepPlan, failed: dict[_Entry, Exception]) -> _StepPlan:
         """Fail the requests whose own work raised in the step; return the plan without them.
@@ -498,6 +524,7 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             plan.copies,
             [c for c in plan.prefills if c.entry not in failed],
             [e for e in plan.decodes if e not in failed],
+            [r for r in plan.rows if r.entry not in failed],
         )
 
     def _abandon_loads(self) -> None:
@@ -528,21 +555,28 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
         if demoted:
             self.kv.discard_host_blocks(demoted)
 
-    def _prefix_blocks(self, entry: _Entry) -> tuple[int, ...]:
-        """Return the GPU blocks of ``entry``'s matched prefix, root first (all landed)."""
-        assert entry.admission is not None
+    def _blocks(self, entry: _Entry) -> list[int]:
+        """Return the device blocks of ``entry``'s sequence, in order: the tree's for
+        what it committed or matched (its lease's path, all landed), then its reserved
+        private blocks.
+
+        Read every step: a commit may hand the tree a block it already held, and the
+        request reads the tree's copy from then on (its own is freed).
+        """
+        adm = entry.admission
+        assert adm is not None
         chain: list[Node] = []
-        node: Node | None = entry.admission.lease.node
+        node: Node | None = adm.lease.node
         while node is not None and not node.is_root:
             chain.append(node)
             node = node.parent
         blocks = [b for n in reversed(chain) for b in (n.gpu_blocks or ())]
-        if len(blocks) != entry.admission.matched_blocks:
+        if len(blocks) != adm.committed_blocks:
             raise AssertionError(
-                f"prefix of {entry.request.request_id}: {len(blocks)} GPU blocks, "
-                f"{entry.admission.matched_blocks} matched"
+                f"sequence of {entry.request.request_id}: {len(blocks)} GPU blocks on its "
+                f"path, {adm.committed_blocks} committed"
             )
-        return tuple(blocks)
+        return blocks + adm.private_blocks
 
     # -- tier copies (trio thread queues, worker runs) ---------------------------------
 
@@ -587,15 +621,15 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
     # -- the worker thread: copies and model ---------------------------------------------
 
     def _execute(self, plan: _StepPlan) -> _Executed:
-        """Run one step's copies (in queue order), prefill chunks and decode tokens.
+        """Run one step's copies (in queue order), then its rows in one forward.
 
         Returns the copies' completion, the requests whose own work raised, with the
-        error (a prefill chunk's forward, a decode row's forward: a batched decode that
-        raises is run again row by row to find it, or sampling; these fail alone), and
-        the seconds spent in copies, prefill and decode.
+        error (their forward: a packed forward that raises is run again row by row to
+        find them; or their sampling; these fail alone), and the seconds spent in
+        copies and in the forward (sampling included).
 
         Raises:
-            Exception: the copies failed, or every request's forward in the step did
+            Exception: the copies failed, or every row's forward in the step did
                 (nothing ran: the engine, not a request, is at fault), so the step fails
                 as a whole.
         """
@@ -604,109 +638,103 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             t0 = time.perf_counter()
             done = self.pools.copy(plan.copies) if plan.copies else CopyDone(None)
             t1 = time.perf_counter()
-            ran = 0
-            for chunk in plan.prefills:
-                try:
-                    hidden = self._prefill(chunk)
-                except Exception as exc:
-                    failed[chunk.entry] = exc
-                    continue
-                ran += 1
-                if hidden is not None:
-                    self._emit_or_fail(chunk.entry, hidden, failed)
-            if plan.prefills:
-                self._wait_for_compute()  # so the prefill's time is its own
+            ran = self._run_rows(plan.rows, failed) if plan.rows else 0
+            self._wait_for_compute()  # so the forward's time is its own
             t2 = time.perf_counter()
-            if plan.decodes:
-                ran += self._decode(plan.decodes, failed)
-            t3 = time.perf_counter()
         if failed and not ran:
             raise next(iter(failed.values()))
-        executed = _Executed(done, failed, t1 - t0, t2 - t1, t3 - t2)
-        self._counters.copy_s += executed.copy_s
-        self._counters.prefill_s += executed.prefill_s
-        self._counters.decode_s += executed.decode_s
-        return executed
+        return _Executed(done, failed, t1 - t0, t2 - t1)
 
     def _wait_for_compute(self) -> None:
         """Wait for the kernels queued on the compute stream (not the copy stream's)."""
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _prefill(self, chunk: _Chunk) -> torch.Tensor | None:
-        """Run one prefill chunk; return the last prompt token's hidden state once the
-        prompt is done (the caller samples the first token from it), else ``None``."""
-        entry = chunk.entry
-        if entry.cache is None:
-            entry.cache = self._cache_from(chunk.prefix_blocks, entry.pos)
-        ids = entry.request.prompt_token_ids[entry.pos : entry.pos + chunk.tokens]
-        hidden = self._forward(ids, entry.cache)
-        entry.pos += chunk.tokens
-        if not entry.prefilled:
-            if self._commits_chunks():
-                self._store_upto(entry, entry.pos)  # committed after the step
-            return None
-        self._store_upto(entry, entry.prompt_tokens)
-        if entry.hidden is None:  # a resumption keeps its prompt's
-            entry.hidden = hidden.float().cpu().numpy()
-        return hidden
-
-    def _decode(self, entries: list[_Entry], failed: dict[_Entry, Exception]) -> int:
-        """Generate one token for each of ``entries``: one batched forward when several.
-
-        A batched forward that raises changed no request's cache; each request is then
-        run alone, and those whose own forward raises join ``failed``. Returns how many
+    def _run_rows(self, rows: list[_Row], failed: dict[_Entry, Exception]) -> int:
+        """Run ``rows`` in one forward and take each one's token; return how many rows'
         forwards ran.
+
+        A packed forward that raises left every request as it was (only slots it
+        would write were touched); each row is then run alone, and those whose own
+        forward raises join ``failed``.
         """
-        if len(entries) > 1:
-            try:
-                hidden, batch = self._forward_batch(entries)
-            except Exception as exc:
-                log.warning(
-                    "a batched decode of %d failed (%r): decoding each alone", len(entries), exc
-                )
-            else:
-                self._append_batch_kv(entries, batch)
-                for entry, h in zip(entries, hidden, strict=True):
-                    self._emit_or_fail(entry, h, failed)
-                return len(entries)
+        try:
+            hidden = self._forward(rows)
+        except Exception as exc:
+            if len(rows) == 1:
+                failed[rows[0].entry] = exc
+                return 0
+            log.warning("a forward of %d rows failed (%r): running each alone", len(rows), exc)
+        else:
+            self._advance(rows, hidden, failed)
+            return len(rows)
         ran = 0
-        for entry in entries:
+        for row in rows:
             try:
-                h = self._forward((entry.output[-1],), entry.cache)
+                hidden = self._forward([row])
+            except Exception as exc:
+                failed[row.entry] = exc
+                continue
+            ran += 1
+            self._advance([row], hidden, failed)
+        return ran
+
+    def _forward(self, rows: list[_Row]) -> torch.Tensor:
+        """Run ``rows``' segments in one packed forward (their KV lands in the pool).
+
+        Shapes:
+            return: the post-norm hidden state of each row's last token,
+            ``(len(rows), d_model)``.
+        """
+        self._counters.forwards += 1
+        return self._paged([row.segment for row in rows])
+
+    def _advance(
+        self, rows: list[_Row], hidden: torch.Tensor, failed: dict[_Entry, Exception]
+    ) -> None:
+        """Move each row's request past its segment: count its prefilled tokens, keep a
+        finished prompt's hidden state, and sample the token of every row that emits
+        one (a request whose sampling raises joins ``failed``).
+
+        One LM head runs over the emitting rows and one device read fetches their
+        argmax (and the new prompt hidden states), whatever the batch.
+        """
+        for row in rows:
+            if row.segment.cached_tokens < row.entry.prompt_tokens:
+                row.entry.pos = row.segment.end
+        emitting = [i for i, row in enumerate(rows) if row.emits]
+        if not emitting:
+            return
+        index = torch.tensor(emitting, dtype=torch.long, device=hidden.device)
+        last = hidden.index_select(0, index)
+        logits = self._head(last)
+        greedy = logits.argmax(-1).tolist()
+        firsts = [j for j, i in enumerate(emitting) if rows[i].entry.hidden is None]
+        if firsts:
+            states = last[firsts].float().cpu().numpy()
+            for state, j in zip(states, firsts, strict=True):
+                rows[emitting[j]].entry.hidden = state
+        for j, i in enumerate(emitting):
+            entry = rows[i].entry
+            try:
+                token = self._sample(entry, logits[j], greedy[j])
             except Exception as exc:
                 failed[entry] = exc
                 continue
-            ran += 1
-            self._emit_or_fail(entry, h, failed)
-        return ran
+            entry.output.append(token)
+            if len(entry.output) >= entry.request.max_new_tokens or token in self._stop:
+                entry.finished = True
 
-    def _emit_or_fail(
-        self, entry: _Entry, hidden: torch.Tensor, failed: dict[_Entry, Exception]
-    ) -> None:
-        """:meth:`_emit`; a request whose sampling raises joins ``failed``."""
-        try:
-            self._emit(entry, hidden)
-        except Exception as exc:
-            failed[entry] = exc
-
-    def _emit(self, entry: _Entry, hidden: torch.Tensor) -> None:
-        """Append the token sampled after ``hidden``; store the output's full blocks at the end."""
-        token = self._sample(entry, self._head(hidden))
-        entry.output.append(token)
-        if len(entry.output) >= entry.request.max_new_tokens or token in self._stop:
-            entry.finished = True
-            self._store_upto(entry, entry.prompt_tokens + len(entry.output) - 1)
-
-    def _sample(self, entry: _Entry, logits: torch.Tensor) -> int:
+    def _sample(self, entry: _Entry, logits: torch.Tensor, argmax: int) -> int:
         """Pick the next token from ``logits`` (shape ``(vocab,)``) by the request's sampling.
 
-        Greedy is the argmax; otherwise temperature, then top-p (nucleus), drawn from the
-        entry's own generator so a seeded request is reproducible.
+        Greedy is ``argmax`` (computed for the whole batch at once); otherwise
+        temperature, then top-p (nucleus), drawn from the entry's own generator so a
+        seeded request is reproducible.
         """
         sampling = entry.request.sampling
         if sampling.greedy:
-            return int(logits.argmax())
+            return argmax
         if entry.generator is None:
             seed = sampling.seed
             if seed is None:
@@ -725,92 +753,6 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
             keep = sorted_probs.cumsum(0) - sorted_probs < sampling.top_p
             probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
         return int(torch.multinomial(probs, 1, generator=entry.generator))
-
-    def _forward(self, token_ids: Sequence[int], cache: object) -> torch.Tensor:
-        """Extend ``cache`` by ``token_ids``; return the last token's post-norm hidden state.
-
-        Shapes:
-            return: ``(d_model,)``.
-        """
-        ids = torch.tensor([list(token_ids)], dtype=torch.long, device=self.device)
-        out = self._decoder(input_ids=ids, use_cache=True, **{self._cache_kwarg: cache})
-        return out.last_hidden_state[0, -1]
-
-    def _forward_batch(self, entries: list[_Entry]) -> tuple[torch.Tensor, object]:
-        """Feed each entry's last token in one forward over left-padded copies of their
-        past KV (their own caches are not touched; :meth:`_append_batch_kv` extends them).
-
-        Shapes:
-            return: the last hidden states ``(len(entries), d_model)`` and the batch's
-            ``DynamicCache``.
-        """
-        from transformers import DynamicCache
-
-        pasts = [_cache_layers(e.cache) for e in entries]
-        lengths = [p[0][0].shape[-2] for p in pasts]
-        longest = max(lengths)
-        padded = [
-            tuple(
-                torch.cat(
-                    [
-                        F.pad(p[layer][i], (0, 0, longest - n, 0))
-                        for p, n in zip(pasts, lengths, strict=True)
-                    ]
-                )
-                for i in (0, 1)
-            )
-            for layer in range(self.layout.layers)
-        ]
-        batch = DynamicCache(padded)
-        mask = torch.ones((len(entries), longest + 1), dtype=torch.long, device=self.device)
-        for row, n in enumerate(lengths):
-            mask[row, : longest - n] = 0
-        ids = torch.tensor([[e.output[-1]] for e in entries], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[n] for n in lengths], dtype=torch.long, device=self.device)
-        out = self._decoder(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_kwarg: batch},
-        )
-        return out.last_hidden_state[:, -1], batch
-
-    def _append_batch_kv(self, entries: list[_Entry], batch: object) -> None:
-        """Append each row's new KV in ``batch`` to its entry's own cache."""
-        for layer, (keys, values) in enumerate(_cache_layers(batch)):
-            for row, entry in enumerate(entries):
-                entry.cache.update(
-                    keys[row : row + 1, :, -1:], values[row : row + 1, :, -1:], layer
-                )
-
-    def _cache_from(self, blocks: Sequence[int], tokens: int) -> object:
-        from transformers import DynamicCache
-
-        if tokens == 0:
-            return DynamicCache()
-        return DynamicCache(self.pools.gather(blocks, tokens))
-
-    def _store_upto(self, entry: _Entry, tokens: int) -> None:
-        """Write the not-yet-stored full blocks of the first ``tokens`` tokens into the
-        request's next private blocks (the ones ``commit`` will hand to the tree)."""
-        full = tokens // self.kv.config.block_size
-        new = full - entry.stored_blocks
-        if new <= 0:
-            return
-        blocks = entry.private[entry.used_private : entry.used_private + new]
-        start = entry.stored_blocks * self.kv.config.block_size
-        self.pools.store(blocks, _cache_layers(entry.cache), start)
-        entry.stored_blocks = full
-        entry.used_private += new
-
-
-def _cache_layers(cache: object) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Return a transformers cache's per-layer ``(keys, values)``, each ``(1, H, T, D)``."""
-    layers = getattr(cache, "layers", None)
-    if layers is not None:
-        return [(layer.keys, layer.values) for layer in layers]
-    return list(zip(cache.key_cache, cache.value_cache, strict=True))  # type: ignore[attr-defined]
 
 
 def _stop_tokens(configured: tuple[int, ...] | None, model: PreTrainedModel) -> frozenset[int]:

@@ -1,15 +1,19 @@
-"""What the torch engine's work really costs on this machine: prefill, reload, and a hit.
+"""What the torch engine's work really costs on this machine: prefill, reload, a hit,
+and batched decode beside plain transformers'.
 
 Wall-clock micro-measurements (``time.perf_counter`` and the real trio clock) for the
-issue's numbers and ``scripts/gpu_check.py``; nothing here runs in virtual time.
+issue's numbers, ``pbkv calibrate`` and ``scripts/gpu_check.py``; nothing here runs in
+virtual time.
 """
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -119,3 +123,144 @@ def hit_saving(
 
     trio.run(main)
     return HitSaving(prompt_tokens, *(statistics.median(ttfts[c]) for c in ("miss", "gpu", "host")))
+
+
+class StepTimes(NamedTuple):
+    """Mean wall-clock and process CPU seconds of one decode step in a run."""
+
+    wall_s: float
+    cpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeComparison:
+    """Batched decode steps of the engine and of plain transformers, measured side by
+    side on the same model, threads and prompts, runs alternated (plain first and last).
+
+    Attributes:
+        batch: sequences decoding together.
+        context_tokens: each sequence's prompt length.
+        steps: decode steps timed per run.
+        threads: torch's intra-op threads.
+        plain: each plain transformers run (a batched ``DynamicCache``).
+        engine: each engine run, from the first token to the last (its scheduling,
+            thread hand-off and sampling included). The first prefills the prompts
+            (each sequence's KV is one run of blocks); the later ones hit them, so each
+            sequence reads its prefix from the tree's blocks and writes after it.
+    """
+
+    batch: int
+    context_tokens: int
+    steps: int
+    threads: int
+    plain: tuple[StepTimes, ...]
+    engine: tuple[StepTimes, ...]
+
+    @property
+    def ratio(self) -> float:
+        """Engine over plain wall time per token (medians of the runs)."""
+        return _median(self.engine, 0) / _median(self.plain, 0)
+
+    @property
+    def cpu_ratio(self) -> float:
+        """Engine over plain process CPU time per token (medians of the runs)."""
+        return _median(self.engine, 1) / _median(self.plain, 1)
+
+
+def _median(runs: Sequence[StepTimes], field: int) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def decode_comparison(
+    model: PreTrainedModel,
+    batch: int = 8,
+    context_tokens: int = 512,
+    steps: int = 16,
+    repeats: int = 3,
+) -> DecodeComparison:
+    """Time greedy decode of ``batch`` random prompts of ``context_tokens`` tokens,
+    ``steps`` steps a run: plain transformers, then the engine, ``repeats`` times, and
+    plain once more.
+
+    Raises:
+        ValueError: a count below 1.
+    """
+    if min(batch, context_tokens, steps, repeats) < 1:
+        raise ValueError(
+            f"need counts >= 1, got batch={batch} context_tokens={context_tokens} "
+            f"steps={steps} repeats={repeats}"
+        )
+    device = next(model.parameters()).device
+    vocab = int(model.config.vocab_size)
+    ids = torch.randint(0, vocab, (batch, context_tokens), device=device)
+    prompts = [tuple(row) for row in ids.tolist()]
+    plain: list[StepTimes] = []
+    served: list[StepTimes] = []
+
+    async def main() -> None:
+        engine = _decode_engine(model, batch, context_tokens + steps + 1)
+        with torch.inference_mode():
+            out = model(ids, use_cache=True)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            for run in range(repeats):
+                plain.append(_plain_decode(model, cache, ids[:, -1:], steps))
+                served.append(await _engine_decode(engine, prompts, steps, run))
+            plain.append(_plain_decode(model, cache, ids[:, -1:], steps))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    threads = torch.get_num_threads()
+    return DecodeComparison(batch, context_tokens, steps, threads, tuple(plain), tuple(served))
+
+
+def _plain_decode(
+    model: PreTrainedModel, cache: object, tokens: torch.Tensor, steps: int
+) -> StepTimes:
+    """Time ``steps`` greedy steps extending ``cache`` (cropped back after)."""
+    device = tokens.device
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    _sync(device)
+    wall, cpu = time.perf_counter(), time.process_time()
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(tokens, use_cache=True, **{kwarg: cache}).logits[:, -1]
+            tokens = torch.tensor([[t] for t in logits.argmax(-1).tolist()], device=device)
+    times = StepTimes((time.perf_counter() - wall) / steps, (time.process_time() - cpu) / steps)
+    cache.crop(-steps)  # type: ignore[attr-defined]
+    return times
+
+
+def _decode_engine(model: PreTrainedModel, batch: int, tokens: int) -> TorchEngine:
+    """An engine whose GPU tier holds ``batch`` sequences of ``tokens`` twice over (the
+    cached ones and a run's own), prefilling every prompt in its first step."""
+    block_size = 16
+    blocks = 2 * batch * -(-tokens // block_size)
+    kv_config = make_kv_config(
+        model, block_size=block_size, gpu_capacity_blocks=blocks, host_capacity_blocks=0
+    )
+    config = TorchEngineConfig(
+        max_batch_size=batch, max_prefill_tokens=batch * tokens, stop_token_ids=()
+    )
+    return TorchEngine(KVManager(kv_config, trio.current_time), model, config)
+
+
+async def _engine_decode(
+    engine: TorchEngine, prompts: list[tuple[int, ...]], steps: int, run: int
+) -> StepTimes:
+    """Serve ``prompts`` at once for ``steps + 1`` tokens each; time the steps after the
+    first token (marked by the first request's tokens)."""
+    marks: list[tuple[float, float]] = []
+
+    def mark(token: int) -> None:
+        marks.append((time.perf_counter(), time.process_time()))
+
+    async with trio.open_nursery() as callers:
+        for i, prompt in enumerate(prompts):
+            request = GenerateRequest(
+                f"{run}/{i}", None, "probe", prompt, steps + 1, on_token=mark if i == 0 else None
+            )
+            callers.start_soon(engine.generate, request)
+    (wall0, cpu0), (wall1, cpu1) = marks[0], marks[-1]
+    return StepTimes((wall1 - wall0) / steps, (cpu1 - cpu0) / steps)

@@ -69,9 +69,13 @@ class KVLayout:
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
 
-    def block_shape(self) -> tuple[int, int, int, int, int]:
-        """Return ``(layers, 2, kv_heads, block_size, head_dim)``: one block of a pool."""
-        return (self.layers, 2, self.kv_heads, self.block_size, self.head_dim)
+    def pool_shape(self, blocks: int) -> tuple[int, int, int, int, int, int]:
+        """Return ``(layers, 2, blocks, block_size, kv_heads, head_dim)``: a pool's shape.
+
+        Each layer's keys (and values) are one tensor, token-major, so the tokens of
+        consecutive blocks are one contiguous view.
+        """
+        return (self.layers, 2, blocks, self.block_size, self.kv_heads, self.head_dim)
 
 
 def default_device() -> torch.device:

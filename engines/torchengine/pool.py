@@ -1,16 +1,18 @@
 """Paged KV block pools on the device and the host, addressed by the radix tree's block ids.
 
 The KV manager's tree allocates; this module only holds the tensors and moves blocks:
-gathering a cached prefix into a model's past KV, storing computed KV into blocks, and
-copying blocks between tiers in the order they were queued. On CUDA the host pool is
+handing the model each layer's keys and values as one flat view (the forward reads and
+writes them in place, :mod:`~pbkv.engines.torchengine.forward`), and copying blocks
+between tiers in the order they were queued. On CUDA the host pool is
 pinned and copies run on a side stream, so reloads and prefetches overlap compute;
 completion is observed through a CUDA event. On CPU the "device" is CPU memory too and
 copies are synchronous.
 
 Shapes:
-    device pool: ``(gpu_blocks, layers, 2, kv_heads, block_size, head_dim)``
-    host pool: ``(host_blocks, layers, 2, kv_heads, block_size, head_dim)``
-    per-layer KV of a sequence: ``(1, kv_heads, tokens, head_dim)`` (transformers' cache)
+    device pool: ``(layers, 2, gpu_blocks, block_size, kv_heads, head_dim)``
+    host pool: ``(layers, 2, host_blocks, block_size, kv_heads, head_dim)``
+    one layer's keys (or values): ``(blocks · block_size, kv_heads, head_dim)``; token
+    ``t`` of a block ``b`` is slot ``b · block_size + t``
 """
 
 from __future__ import annotations
@@ -82,13 +84,24 @@ class PagedKVPools:
         _check_fits_memory(layout, gpu_blocks, host_blocks, device)
         self.layout = layout
         self.device = device
-        block = layout.block_shape()
-        self.gpu = torch.zeros((gpu_blocks, *block), dtype=layout.dtype, device=device)
+        self.gpu = torch.zeros(layout.pool_shape(gpu_blocks), dtype=layout.dtype, device=device)
         pin = device.type == "cuda"
-        self.host = torch.zeros((host_blocks, *block), dtype=layout.dtype, pin_memory=pin)
+        self.host = torch.zeros(layout.pool_shape(host_blocks), dtype=layout.dtype, pin_memory=pin)
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     # -- model-facing ----------------------------------------------------------------
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return layer ``layer``'s keys and values of the device pool, as views.
+
+        Writing into them writes the pool.
+
+        Shapes:
+            each: ``(gpu_blocks · block_size, kv_heads, head_dim)``.
+        """
+        lay = self.layout
+        flat = (-1, lay.kv_heads, lay.head_dim)
+        return self.gpu[layer, 0].view(flat), self.gpu[layer, 1].view(flat)
 
     def gather(
         self, block_ids: Sequence[int], tokens: int
@@ -98,7 +111,7 @@ class PagedKVPools:
         Does not modify the pools (the result is a copy).
 
         Shapes:
-            each tensor: ``(1, kv_heads, tokens, head_dim)``.
+            each tensor: ``(1, kv_heads, tokens, head_dim)`` (transformers' cache layout).
 
         Raises:
             ValueError: the blocks hold fewer than ``tokens`` tokens.
@@ -107,37 +120,9 @@ class PagedKVPools:
         if tokens > len(block_ids) * lay.block_size:
             raise ValueError(f"{len(block_ids)} blocks cannot hold {tokens} tokens")
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        blocks = self.gpu.index_select(0, idx)  # (n, L, 2, H, bs, D)
-        seq = blocks.permute(1, 2, 3, 0, 4, 5).reshape(
-            lay.layers, 2, lay.kv_heads, len(block_ids) * lay.block_size, lay.head_dim
-        )[:, :, :, :tokens]
+        blocks = self.gpu.index_select(2, idx)  # (L, 2, n, bs, H, D)
+        seq = blocks.flatten(2, 3)[:, :, :tokens].permute(0, 1, 3, 2, 4)  # (L, 2, H, T, D)
         return [(seq[i, 0].unsqueeze(0), seq[i, 1].unsqueeze(0)) for i in range(lay.layers)]
-
-    def store(
-        self,
-        block_ids: Sequence[int],
-        layers_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        start_token: int,
-    ) -> None:
-        """Write tokens ``[start_token, start_token + len(block_ids) · block_size)`` of a
-        sequence's per-layer KV into ``block_ids`` of the device pool.
-
-        Mutates: the device pool's ``block_ids``.
-
-        Shapes:
-            ``layers_kv[i]``: ``(1, kv_heads, >= end token, head_dim)`` each.
-        """
-        if not block_ids:
-            return
-        lay = self.layout
-        n = len(block_ids)
-        end = start_token + n * lay.block_size
-        keys = torch.stack([k[0, :, start_token:end] for k, _ in layers_kv])
-        values = torch.stack([v[0, :, start_token:end] for _, v in layers_kv])
-        seq = torch.stack([keys, values], dim=1)  # (L, 2, H, n·bs, D)
-        blocks = seq.reshape(lay.layers, 2, lay.kv_heads, n, lay.block_size, lay.head_dim)
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        self.gpu.index_copy_(0, idx, blocks.permute(3, 0, 1, 2, 4, 5).to(self.gpu.dtype))
 
     # -- tier copies -------------------------------------------------------------------
 
@@ -179,8 +164,13 @@ class PagedKVPools:
 
     def _copy_one(self, c: BlockCopy, *, non_blocking: bool) -> None:
         src, dst = (self.gpu, self.host) if c.to_host else (self.host, self.gpu)
+        src, dst = src.flatten(0, 1), dst.flatten(0, 1)  # (layers · 2, blocks, ...)
         for s, d, n in _runs(c.src_blocks, c.dst_blocks):
-            dst[d : d + n].copy_(src[s : s + n], non_blocking=non_blocking)
+            if non_blocking:  # across devices: contiguous pieces only, one per layer's K or V
+                for part in range(src.shape[0]):
+                    dst[part, d : d + n].copy_(src[part, s : s + n], non_blocking=True)
+            else:
+                dst[:, d : d + n].copy_(src[:, s : s + n])
 
 
 def _check_fits_memory(

@@ -99,10 +99,11 @@ class StepCosts:
         The sim's stall-free budget is the decode step's idle compute over a token's
         compute (Sarathi-Serve's token budget on a roofline); on a bandwidth-bound
         decode that is the decode step's time over a prefill token's marginal time,
-        which is what this measures. Fused into the decode forward, such a chunk would
-        leave the step about as long; run as its own forward (the torch engine today)
-        it adds that forward's overhead, so a step carrying it lasts two to three decode
-        forwards, never a full chunk.
+        which is what this measures. The torch engine runs such a chunk in the decode
+        forward itself, so it adds only its marginal time: on a GPU, whose decode idles
+        compute, the step stays about as long; on a CPU, where a prefill token costs its
+        time whatever runs beside it, the step lasts about two decode forwards, never a
+        full chunk.
 
         Returns:
             Tokens ``>= 0``, or ``None`` until both a prefill and a decode are measured.

@@ -159,12 +159,17 @@ def test_demote_hook_not_called_when_the_host_tier_cannot_take_the_node() -> Non
 # -- pools -------------------------------------------------------------------------------
 
 
-def test_pools_store_gather_and_copy_between_tiers_round_trip() -> None:
+def test_pools_write_gather_and_copy_between_tiers_round_trip() -> None:
     layout = KVLayout(layers=2, kv_heads=3, head_dim=5, block_size=BS, dtype=torch.float32)
     pools = PagedKVPools(layout, gpu_blocks=10, host_blocks=6, device=torch.device("cpu"))
-    assert pools.gpu.shape == (10, 2, 2, 3, BS, 5) and pools.host.shape == (6, 2, 2, 3, BS, 5)
+    assert pools.gpu.shape == (2, 2, 10, BS, 3, 5) and pools.host.shape == (2, 2, 6, BS, 3, 5)
     kv = [(torch.randn(1, 3, 14, 5), torch.randn(1, 3, 14, 5)) for _ in range(2)]
-    pools.store([5, 2, 3], kv, start_token=0)
+    slots = torch.tensor([b * BS + t for b in (5, 2, 3, 8) for t in range(BS)][:14])
+    for layer, (k, v) in enumerate(kv):  # the forward's writes: one slot per token
+        keys, values = pools.layer_kv(layer)
+        assert keys.shape == (10 * BS, 3, 5)
+        keys.index_copy_(0, slots, k[0].transpose(0, 1))
+        values.index_copy_(0, slots, v[0].transpose(0, 1))
     for (k, v), (gk, gv) in zip(kv, pools.gather([5, 2, 3], 11), strict=True):
         assert gk.shape == (1, 3, 11, 5)
         torch.testing.assert_close(gk, k[:, :, :11], rtol=0, atol=0)
@@ -343,30 +348,21 @@ async def serve_beside_a_failing_request(
     if fail_in == "sample":
         sample = engine._sample
 
-        def failing_sample(entry, logits):
+        def failing_sample(entry, logits, argmax):
             if is_bad(entry):
                 raise RuntimeError("probability tensor contains nan")
-            return sample(entry, logits)
+            return sample(entry, logits, argmax)
 
         monkeypatch.setattr(engine, "_sample", failing_sample)
     else:
-        forward, forward_batch = engine._forward, engine._forward_batch
+        forward = engine._forward
 
-        def bad_cache(cache) -> bool:
-            return any(e.cache is cache and is_bad(e) for e in engine._running)
-
-        def failing_forward(token_ids, cache):
-            if bad_cache(cache):
+        def failing_forward(rows):  # a packed forward with the bad row, or the row alone
+            if any(is_bad(row.entry) for row in rows):
                 raise RuntimeError("CUDA error: device-side assert triggered")
-            return forward(token_ids, cache)
-
-        def failing_forward_batch(entries):
-            if any(bad_cache(e.cache) for e in entries):
-                raise RuntimeError("CUDA error: device-side assert triggered")
-            return forward_batch(entries)
+            return forward(rows)
 
         monkeypatch.setattr(engine, "_forward", failing_forward)
-        monkeypatch.setattr(engine, "_forward_batch", failing_forward_batch)
 
     async def one(rid: str) -> None:
         try:
@@ -455,7 +451,7 @@ async def test_a_failed_step_waits_for_its_issued_copies_before_freeing(
         events.append(f"complete_load(ok={ok})")
         complete_load(load, ok=ok)
 
-    def failing_prefill(chunk) -> None:  # after the step's copies were issued
+    def failing_forward(rows) -> None:  # after the step's copies were issued
         raise RuntimeError("kernel fault")
 
     with pytest.RaisesGroup(
@@ -469,7 +465,7 @@ async def test_a_failed_step_waits_for_its_issued_copies_before_freeing(
             kv.tree.evict("gpu", kv.config.gpu_capacity_blocks)  # demote: a reload next
             monkeypatch.setattr(engine.pools, "synchronize", spy_synchronize)
             monkeypatch.setattr(kv, "complete_load", spy_complete_load)
-            monkeypatch.setattr(engine, "_prefill", failing_prefill)
+            monkeypatch.setattr(engine, "_forward", failing_forward)
             errors: list[str] = []
 
             async def caller(rid: str, tokens: tuple[int, ...]) -> None:
@@ -746,3 +742,86 @@ async def test_the_workflow_scheduler_reads_the_torch_engines_prefill_share(
     measured = shares[unknown:]
     assert len(measured) >= 7 and all(s is not None and 0 <= s <= 1 for s in measured)
     assert measured[0] > measured[-1]  # the prefill step first, decodes after
+
+
+# -- one forward per step over the KV in the pool (issue 30, item 1) ------------------------
+
+
+async def test_each_step_is_one_forward_over_its_chunks_and_decodes(
+    tiny: torch.nn.Module,
+) -> None:
+    engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=24)
+    forwards = engine.statistics().forwards
+    assert forwards == engine.statistics().steps  # chunks and decodes together, every step
+    assert all(decoding == {"s0", "s1"} for _, decoding, _ in steps)
+
+
+async def test_twins_computing_the_same_blocks_read_the_trees_copy_after_commit(
+    tiny: torch.nn.Module,
+) -> None:
+    kv, engine = make_engine(tiny, gpu=64, host=0)
+    prompt = random_prompt(26, seed=70)
+    results: dict[str, GenerateResult] = {}
+    kept: list[list[int]] = []
+    apply = engine._apply
+
+    def recording_apply(plan) -> None:
+        apply(plan)
+        kept.extend(engine._blocks(e)[:6] for e in engine._running if e.prompt_committed)
+
+    engine._apply = recording_apply  # type: ignore[method-assign]
+
+    async def one(rid: str) -> None:
+        results[rid] = await engine.generate(request(rid, prompt, new=12))
+
+    async with running(engine), trio.open_nursery() as nursery:
+        nursery.start_soon(one, "a")
+        nursery.start_soon(one, "b")  # admitted in the same step: both miss
+    want = reference(tiny, prompt, 12)[0]
+    assert [tiers(results[r]) for r in "ab"] == [(0, 0, 26)] * 2
+    assert results["a"].output_token_ids == results["b"].output_token_ids == want
+    assert len({tuple(blocks) for blocks in kept}) == 1  # the second reads the first's
+    kv.check_integrity()
+    assert kv.tree.private_blocks("gpu") == 0
+
+
+async def test_a_running_requests_kv_is_in_its_pool_blocks_only(tiny: torch.nn.Module) -> None:
+    kv, engine = make_engine(tiny)
+    prompt = random_prompt(18, seed=71)
+    seen: list[int] = []
+    checked: list[bool] = []
+
+    def on_token(token: int) -> None:
+        seen.append(token)
+        if len(seen) == 4:  # decoding: prompt + 3 outputs have KV
+            entry = engine._running[0]
+            assert not hasattr(entry, "cache")
+            sequence = list(prompt) + seen[:3]
+            _, want_kv = plain_kv(tiny, sequence)
+            got = engine.pools.gather(engine._blocks(entry), len(sequence))
+            for (k, v), (gk, gv) in zip(want_kv, got, strict=True):
+                torch.testing.assert_close(gk, k, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(gv, v, rtol=1e-5, atol=1e-5)
+            checked.append(True)
+
+    async with running(engine):
+        await engine.generate(request("r", prompt, new=6, on_token=on_token))
+    assert checked == [True]
+
+
+def plain_kv(model: torch.nn.Module, ids: list[int]):
+    with torch.inference_mode():
+        out = model.model(torch.tensor([ids]), use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    return out.last_hidden_state, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def test_decode_comparison_times_plain_and_engine_runs_alternately(tiny) -> None:
+    from pbkv.engines.torchengine.measure import decode_comparison
+
+    result = decode_comparison(tiny, batch=2, context_tokens=12, steps=2, repeats=2)
+    assert (len(result.plain), len(result.engine)) == (3, 2)  # plain first and last
+    assert all(t.wall_s > 0 and t.cpu_s > 0 for t in (*result.plain, *result.engine))
+    assert result.ratio > 0 and result.cpu_ratio > 0
+    with pytest.raises(ValueError, match="counts >= 1"):
+        decode_comparison(tiny, batch=0)
