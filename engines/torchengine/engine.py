@@ -234,14 +234,15 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
     Args:
         kv: the KV manager whose tree allocates both pools; the engine installs its
             demote hook. ``kv.config.block_size`` is the page size.
-        model: a transformers ``*ForCausalLM`` (e.g. from :func:`load_model`), in eval
+        model: a Llama-family transformers ``*ForCausalLM`` (e.g. from
+            :func:`load_model`; see :mod:`~pbkv.engines.torchengine.forward`), in eval
             mode; its device and dtype are the pools'.
         config: scheduler limits.
         scheduler: admission order (see :class:`~pbkv.engines.owned.OwnedCacheEngine`).
 
     Raises:
-        ValueError: ``kv.config.bytes_per_block`` is set and is not the model's, or an
-            unknown scheduler name.
+        ValueError: ``kv.config.bytes_per_block`` is set and is not the model's, the
+            model is not Llama-family, or an unknown scheduler name.
     """
 
     entry_type = _Entry

@@ -173,12 +173,14 @@ class PagedForward:
             return self._decode_attention(q, runs, keys, values)
         k = _joined(keys, runs)  # (kv_heads, context, head_dim)
         v = _joined(values, runs)
-        allowed = _causal(segment.cached_tokens, n, segment.end, q.device)
+        fresh = segment.cached_tokens == 0  # plain causal: no mask, so flash kernels apply
+        allowed = None if fresh else _causal(segment.cached_tokens, n, segment.end, q.device)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             k.unsqueeze(0),
             v.unsqueeze(0),
             attn_mask=allowed,
+            is_causal=fresh,
             scale=self.scale,
             enable_gqa=True,
         )
