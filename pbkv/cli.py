@@ -250,10 +250,19 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     _add_workload_options(p)
     p.add_argument(
         "--engine",
-        choices=("sim", "trtllm-sim"),
+        choices=("sim", "trtllm-sim", "torch"),
         default="sim",
         help="sim: compare --policies on the owned-cache engine; trtllm-sim: TensorRT-LLM's "
-        "default vs pbkv steering it (fake 1.2 block manager) vs pbkv owning the cache",
+        "default vs pbkv steering it (fake 1.2 block manager) vs pbkv owning the cache; "
+        "torch: the real engine in wall-clock time (--model smollm2, tiny or a checkpoint; "
+        "default rows lru, lru:workflow, pbkv; workloads cut to CPU size), with the "
+        "calibrated sim's prediction beside it",
+    )
+    p.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="torch: runs of every row, in rotated order (spreads over them)",
     )
     p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
     p.set_defaults(run=_run_bench)
@@ -347,6 +356,11 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
 
     _check_writable(args.json_path)
     config = _config_from(args)
+    if args.engine == "torch":
+        from pbkv.bench.torch_bench import config_from_bench, run_command
+
+        torch_config = config_from_bench(config, args.model, args.repeats)
+        return run_command(torch_config, console, args.json_path)
     if args.engine == "trtllm-sim":
         from pbkv.bench.trtllm import TRTLLM_MODES
 
@@ -839,6 +853,45 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="measure the torch engine here and write the sim hardware profile that fits it",
+        description="Time a prefill chunk, pure decode steps and block copies on the torch "
+        "engine, fit the sim's roofline rates to them, print each measured step beside the "
+        "fitted sim's, and write the profile (e.g. engines/sim/profiles/cpu-2core.toml).",
+    )
+    p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
+    p.add_argument("--out", default=None, help="profile file to write (default: print it)")
+    p.add_argument("--name", default=None, help="profile name (default: --out's stem)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch threads")
+    p.add_argument("--prefill-tokens", type=_positive_int, default=512, help="chunk timed")
+    p.add_argument("--steps", type=_positive_int, default=8, help="decode steps per point")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="prefill chunks timed")
+    p.add_argument("--device", default=None, help="torch device (default: CUDA if visible)")
+    p.set_defaults(run=_run_calibrate)
+
+
+def _run_calibrate(args: argparse.Namespace, console: Console) -> int:
+    import torch
+
+    from pbkv.engines.torchengine.calibrate import run_command
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return run_command(
+        args.model,
+        args.out,
+        console,
+        profile_name=args.name,
+        prefill_tokens=args.prefill_tokens,
+        steps=args.steps,
+        repeats=args.repeats,
+        device=args.device,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pbkv", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -847,6 +900,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_trace_plot(sub)
     _add_demo(sub)
+    _add_calibrate(sub)
     _add_predictor_commands(sub)
     _add_serve(sub)
     from pbkv.cluster import add_cluster_parser

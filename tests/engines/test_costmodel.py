@@ -33,8 +33,8 @@ def tp2_32b() -> CostModel:
 
 def test_list_profiles_names_every_shipped_profile_by_kind() -> None:
     names = list_profiles()
-    assert names.hardware == ("a6000", "a6000-tp2", "h200")
-    assert names.model == ("qwen3-14b", "qwen3-32b")
+    assert names.hardware == ("a6000", "a6000-tp2", "cpu-2core", "h200")
+    assert names.model == ("qwen3-14b", "qwen3-32b", "smollm2-135m")
 
 
 @pytest.mark.parametrize("name", list_profiles().hardware)
