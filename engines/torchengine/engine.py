@@ -42,6 +42,7 @@ import torch
 import trio
 
 from pbkv.engines.base import EngineError, GenerateRequest
+from pbkv.engines.constrained import request_constraint
 from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
 from pbkv.engines.torchengine.forward import PagedForward, Segment
@@ -248,6 +249,9 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
     entry_type = _Entry
     has_hidden_state = True
     samples_tokens = True
+    constrains_tokens = True
+    """A constrained request's grammar masks the logits at each token
+    (:func:`pbkv.engines.constrained.request_constraint`)."""
 
     def __init__(
         self,
@@ -731,8 +735,13 @@ class TorchEngine(OwnedCacheEngine[_Entry]):
 
         Greedy is ``argmax`` (computed for the whole batch at once); otherwise
         temperature, then top-p (nucleus), drawn from the entry's own generator so a
-        seeded request is reproducible.
+        seeded request is reproducible. A constrained request's grammar first masks the
+        tokens it does not allow.
         """
+        constraint = request_constraint(entry.request)
+        if constraint is not None:  # tool_choice required/named, response_format
+            logits = constraint.mask_logits(entry.output, logits)
+            argmax = int(logits.argmax())  # the batch's argmax ignored the mask
         sampling = entry.request.sampling
         if sampling.greedy:
             return argmax
