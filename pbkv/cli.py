@@ -497,6 +497,18 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--code-tokens", type=_positive_int, default=d.code_tokens, help="Coder decode budget"
     )
+    p.add_argument(
+        "--context-tokens",
+        type=int,
+        default=d.context_tokens,
+        help="about this many tokens of reference per task (a module's docs; 0: none)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        help="runs of every policy, rotated (the gain is printed with its spread)",
+    )
     p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the dry runs")
     p.add_argument("--json", dest="json_path", default=None, help="also write results here")
@@ -509,7 +521,15 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 def _run_demo(args: argparse.Namespace, console: Console) -> int:
     from pbkv.actors.traces import TraceRecorder
     from pbkv.bench.report import command_line, comparison_table
-    from pbkv.demo import DemoConfig, demo_record, paths_table, run_demo
+    from pbkv.demo import (
+        DemoConfig,
+        demo_record,
+        first_runs,
+        gain_verdict,
+        paths_table,
+        repeats_table,
+        run_demo,
+    )
 
     _check_writable(args.json_path)
     _check_writable(args.traces)
@@ -524,12 +544,14 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
         code_tokens=args.code_tokens,
         device=args.device,
         seed=args.seed,
+        context_tokens=args.context_tokens,
+        repeats=args.repeats,
     )
     recorder = TraceRecorder(args.traces, keep=False) if args.traces else None
     try:
         with _progress(console) as progress:
             bars = {
-                p: progress.add_task(f"live-codegen {p}", total=args.workflows)
+                p: progress.add_task(f"live-codegen {p}", total=args.workflows * args.repeats)
                 for p in args.policies
             }
             demo = run_demo(
@@ -543,11 +565,11 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
         f"GPU KV {demo.gpu_kv_tokens:,} / host {demo.host_kv_tokens:,} tokens, "
         f"{demo.model} on {demo.device} (wall-clock seconds)"
     )
-    results = [run.result for run in demo.runs]
-    console.print(comparison_table(results, title))
+    console.print(comparison_table([run.result for run in first_runs(demo)], title))
     console.print(paths_table(demo))
-    for run in demo.runs:
-        console.print(f"{run.policy}: wall-clock {run.result.wall_s:.1f} s")
+    console.print(repeats_table(demo))
+    console.print(gain_verdict(demo))
+    results = [run.result for run in demo.runs]
     if recorder is not None:
         console.print(f"appended {recorder.written} traces to {args.traces}")
     if args.json_path:

@@ -9,6 +9,13 @@ test run is real. Greedy decoding makes a workflow's path depend only on what th
 writes, so the policies serve the same calls unless a cache hit changes a logit past
 fp tolerance (the paths table shows it if it does).
 
+Each task carries a long reference of its own (``context_tokens``: the ``pydoc`` text of
+a standard-library module the function may use), read by every agent of its workflow,
+and the agents' replies are short, so a workflow's calls are mostly prefill over a
+context the workflow reuses: what a cache policy keeps or evicts shows in recomputed
+tokens and time. The policies run in rotated order, ``repeats`` times, and the gain is
+printed with its spread over the repeats.
+
 The GPU KV tier is sized from a dry run of the app on its simulated replies (upper
 bounds of each call's length): :func:`pbkv.bench.compare.gpu_tokens_for` of that
 workload, about half of the concurrent working set, so the policies evict differently.
@@ -20,6 +27,7 @@ and learning as the demo's workflows end; ``lru`` with ``fcfs``.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -45,8 +53,12 @@ __all__ = [
     "DemoRun",
     "WorkflowPath",
     "demo_record",
+    "first_runs",
+    "gain_verdict",
     "paths_table",
+    "repeats_table",
     "run_demo",
+    "with_reference",
 ]
 
 REPORT_TOKENS = REPORT_CHARS
@@ -70,6 +82,9 @@ class DemoConfig:
         plan_tokens / code_tokens / analysis_tokens: the agents' decode budgets.
         device: torch device (default: CUDA when available).
         seed: seeds the dry runs' simulated verdicts.
+        context_tokens: about how many tokens of reference each task carries (``0``:
+            none, the bare app).
+        repeats: runs of every policy, in rotated order (``pbkv demo``: 3).
     """
 
     model: str = "smollm2"
@@ -80,18 +95,22 @@ class DemoConfig:
     host_ratio: float = 0.5
     block_size: int = 16
     max_retries: int = 1
-    plan_tokens: int = 32
-    code_tokens: int = 64
-    analysis_tokens: int = 32
+    plan_tokens: int = 16
+    code_tokens: int = 48
+    analysis_tokens: int = 16
     device: str | None = None
     seed: int = 0
+    context_tokens: int = 768
+    repeats: int = 1
 
     def __post_init__(self) -> None:
         for name in self.policies:
             get_policy(name)
         if not self.policies:
             raise ValueError("policies must name at least one policy")
-        for name in ("workflows", "concurrency", "block_size"):
+        if self.context_tokens < 0:
+            raise ValueError(f"context_tokens must be >= 0, got {self.context_tokens}")
+        for name in ("workflows", "concurrency", "block_size", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.host_ratio < 0:
@@ -124,12 +143,14 @@ class WorkflowPath:
 
 @dataclass(frozen=True, slots=True)
 class DemoRun:
-    """One policy's run: the bench summary (wall-clock seconds) and each workflow's path."""
+    """One policy's run: the bench summary (wall-clock seconds; ``cpu_s`` the process's
+    CPU time), each workflow's path, the engine's counters, and which repeat it was."""
 
     policy: str
     result: PolicyResult
     paths: tuple[WorkflowPath, ...]
     engine: Any
+    repeat: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +178,8 @@ def run_demo(
     Args:
         config: what to run (default: SmolLM2, 4 tasks, lru vs pbkv).
         model: an already loaded transformers model (else ``config.model`` is loaded).
-        on_outcome: ``(policy, outcome)`` as each workflow ends (progress bars).
+        on_outcome: ``(policy, outcome)`` as each workflow ends (progress bars), every
+            repeat.
         trace_sink: also gets every lifecycle event (e.g. a
             :class:`~pbkv.actors.traces.TraceRecorder` writing the live runs' traces).
 
@@ -178,24 +200,19 @@ def run_demo(
         device=cfg.device,
     )
     chat = smollm2_chat(int(getattr(lm.config, "max_position_embeddings", 8192)))
-    tasks = live_codegen_tasks(cfg.workflows)
+    tasks = with_reference(live_codegen_tasks(cfg.workflows), cfg.context_tokens)
     gpu_tokens = cfg.gpu_kv_tokens or _gpu_tokens(cfg, chat, tasks)
     host_tokens = int(cfg.host_ratio * gpu_tokens) // cfg.block_size * cfg.block_size
     runtime = replace(runtime, gpu_kv_tokens=gpu_tokens, host_kv_tokens=host_tokens)
     _warm_up(lm)
     runs = []
-    for policy in cfg.policies:
-        callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
-        runs.append(
-            _run_policy(
-                replace(runtime, policy=policy),
-                lm,
-                cfg,
-                tasks,
-                callback,
-                trace_sink,
-            )
-        )
+    policies = list(cfg.policies)
+    for repeat in range(cfg.repeats):
+        shift = repeat % len(policies)
+        for policy in policies[shift:] + policies[:shift]:
+            callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
+            run = _run_policy(replace(runtime, policy=policy), lm, cfg, tasks, callback, trace_sink)
+            runs.append(replace(run, repeat=repeat))
     return DemoResult(
         model=cfg.model,
         device=str(next(lm.parameters()).device),
@@ -205,6 +222,48 @@ def run_demo(
         runs=tuple(runs),
         config=cfg,
     )
+
+
+REFERENCE_MODULES = (
+    "string",
+    "textwrap",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "statistics",
+    "operator",
+)
+"""Standard-library modules whose documentation the tasks carry as reference, in turn."""
+
+CHARS_PER_TOKEN = 4
+"""Characters of reference text taken per token asked for (about SmolLM2's rate on
+English prose and code)."""
+
+
+def with_reference(tasks: list[LiveTask], context_tokens: int) -> list[LiveTask]:
+    """Return ``tasks``, each carrying about ``context_tokens`` tokens of a module's
+    documentation (``pydoc``) before its request; ``tasks`` unchanged for ``0``.
+
+    The same task always gets the same module; the agents see it in the task message.
+    Does not modify ``tasks``.
+    """
+    if context_tokens == 0:
+        return tasks
+    out = []
+    for i, task in enumerate(tasks):
+        module = REFERENCE_MODULES[i % len(REFERENCE_MODULES)]
+        doc = _module_doc(module)[: context_tokens * CHARS_PER_TOKEN]
+        text = f"Reference (the {module} module, which you may use):\n{doc}\n\n{task.text}"
+        out.append(replace(task, text=text))
+    return out
+
+
+def _module_doc(name: str) -> str:
+    import importlib
+    import pydoc
+
+    return pydoc.render_doc(importlib.import_module(name), renderer=pydoc.plaintext)
 
 
 def _app(cfg: DemoConfig, reports: dict[str, list[str]] | None = None) -> App:
@@ -255,9 +314,10 @@ def _run_policy(
             captured.append(rt.statistics().kv)
         return outcomes
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     outcomes = trio.run(main)
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - started_cpu
     origin = min(o.start_s for o in outcomes)
     timeline = [
         (o.end_s - origin, r.cached_gpu_tokens / max(1, r.prompt_tokens))
@@ -274,6 +334,7 @@ def _run_policy(
         timeline,
         scheduler=runtime.resolved_scheduler,
     )
+    result = replace(result, cpu_s=cpu_s)
     by_id = {f"{app.name}-{i}": t.task_id for i, t in enumerate(tasks)}
     paths = tuple(
         _path(by_id[o.workflow_id], o, reports.get(o.workflow_id, []))
@@ -309,15 +370,22 @@ def _warm_up(model: Any) -> None:
 # -- reporting ----------------------------------------------------------------------------
 
 
+def first_runs(demo: DemoResult) -> list[DemoRun]:
+    """Return each policy's first run, in ``config.policies`` order."""
+    return [next(r for r in demo.runs if r.policy == p) for p in demo.config.policies]
+
+
 def paths_table(demo: DemoResult) -> Table:
-    """Build the table of the path each task's workflow took under each policy."""
+    """Build the table of the path each task's workflow took under each policy (its
+    first run)."""
     table = Table(title="paths taken (tester verdicts between the agents)")
     table.add_column("task")
-    for run in demo.runs:
+    firsts = first_runs(demo)
+    for run in firsts:
         table.add_column(run.policy)
     for i, task in enumerate(demo.tasks):
         cells = []
-        for run in demo.runs:
+        for run in firsts:
             path = run.paths[i]
             cells.append(f"{path.render()}  ({path.reason}, {path.latency_s:.1f} s)")
         table.add_row(task, *cells)
@@ -339,6 +407,7 @@ def demo_record(demo: DemoResult, command: str = "") -> bytes:
         "runs": [
             {
                 "policy": run.policy,
+                "repeat": run.repeat,
                 "result": result_record(run.result, timeline=False),
                 "paths": run.paths,
                 "engine": run.engine,
@@ -347,3 +416,55 @@ def demo_record(demo: DemoResult, command: str = "") -> bytes:
         ],
     }
     return msgspec.json.format(msgspec.json.encode(record), indent=2) + b"\n"
+
+
+def repeats_table(demo: DemoResult) -> Table:
+    """Build the table of every policy's wall time, CPU time and recomputed tokens over
+    the repeats (``mean [min–max]``), each as a ratio to the first policy's run of the
+    same repeat, and say whether the time gain is above the noise."""
+    from rich.markup import escape
+
+    from pbkv.bench.torch_bench import Spread
+
+    base = demo.config.policies[0]
+    by_policy = {p: [r for r in demo.runs if r.policy == p] for p in demo.config.policies}
+    table = Table(
+        title=f"{demo.config.repeats} repeats, rotated order (mean [min–max]; x {base}: the "
+        f"row over {base}'s run of the same repeat)",
+        title_justify="left",
+    )
+    for header in ("policy", "wall s", f"x {base}", "CPU s", f"x {base}", "recomputed tok"):
+        table.add_column(header, justify="right")
+    for policy, runs in by_policy.items():
+        pairs = list(zip(runs, by_policy[base], strict=True))
+        table.add_row(
+            policy,
+            escape(Spread([r.result.wall_s for r in runs]).text(1)),
+            escape(Spread([r.result.wall_s / b.result.wall_s for r, b in pairs]).text(2)),
+            escape(Spread([r.result.cpu_s for r in runs]).text(1)),
+            escape(Spread([r.result.cpu_s / b.result.cpu_s for r, b in pairs]).text(2)),
+            escape(Spread([r.result.recomputed_tokens for r in runs]).text(0, thousands=True)),
+        )
+    return table
+
+
+def gain_verdict(demo: DemoResult) -> str:
+    """Say, for each policy after the first, whether its wall-time gain is above the
+    noise: every run of it faster than every run of the first policy."""
+    base = demo.config.policies[0]
+    base_walls = [r.result.wall_s for r in demo.runs if r.policy == base]
+    lines = []
+    for policy in demo.config.policies[1:]:
+        walls = [r.result.wall_s for r in demo.runs if r.policy == policy]
+        gain = statistics.fmean(base_walls) / statistics.fmean(walls)
+        spread = (max(base_walls) - min(base_walls) + max(walls) - min(walls)) / 2
+        above = max(walls) < min(base_walls)
+        lines.append(
+            f"{policy}: {gain:.2f}x {base}'s mean wall time; "
+            + (
+                f"every run faster than every {base} run: the gain is above the noise"
+                if above
+                else f"the runs overlap (mean spread {spread:.1f} s): within the noise"
+            )
+        )
+    return "\n".join(lines)

@@ -20,6 +20,8 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
         "2",
         "--code-tokens",
         "16",
+        "--repeats",
+        "1",
     ]
     code = main([*argv, "--json", str(out_json), "--traces", str(traces)])
     out = capsys.readouterr().out

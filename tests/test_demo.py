@@ -1,0 +1,79 @@
+"""pbkv/demo.py's parts that need no model: the tasks' reference and the repeats' report."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from pbkv.bench.compare import PolicyResult
+from pbkv.demo import (
+    DemoConfig,
+    DemoResult,
+    DemoRun,
+    first_runs,
+    gain_verdict,
+    repeats_table,
+    with_reference,
+)
+from pbkv.examples.live_codegen import live_codegen_tasks
+from pbkv.kvmanager import KVStatistics
+
+
+def test_each_task_carries_its_own_module_reference_before_its_request() -> None:
+    tasks = live_codegen_tasks(3)
+    carried = with_reference(tasks, 100)
+    assert [t.task_id for t in carried] == [t.task_id for t in tasks]
+    for task, with_doc, module in zip(
+        tasks, carried, ("string", "textwrap", "itertools"), strict=True
+    ):
+        assert with_doc.text.startswith(f"Reference (the {module} module, which you may use):")
+        assert with_doc.text.endswith(task.text)
+        assert 300 < len(with_doc.text) - len(task.text) <= 400 + 80
+        assert with_doc.features == task.features  # the tester still finds the problem
+    assert with_reference(tasks, 0) == tasks
+
+
+def run(policy: str, repeat: int, wall_s: float) -> DemoRun:
+    """A run of ``policy`` that took ``wall_s`` (and half that in CPU time)."""
+    result = PolicyResult(
+        policy=policy,
+        predictor="-",
+        workflows=4,
+        failed_workflows=0,
+        mean_latency_s=1.0,
+        p50_latency_s=1.0,
+        p99_latency_s=1.0,
+        mean_ttft_s=0.1,
+        gpu_hit_rate=0.5,
+        host_hit_rate=0.0,
+        total_hit_rate=0.5,
+        recomputed_tokens=1000,
+        throughput_workflows_per_s=1.0,
+        makespan_s=wall_s,
+        kv=KVStatistics(policy, *([0] * 16)),
+        wall_s=wall_s,
+        cpu_s=wall_s / 2,
+    )
+    return DemoRun(policy, result, (), None, repeat)
+
+
+def demo_of(runs: list[DemoRun]) -> DemoResult:
+    config = DemoConfig(model="tiny", repeats=3)
+    return DemoResult("tiny", "cpu", ("add",), 512, 256, tuple(runs), config)
+
+
+def test_the_gain_is_above_the_noise_only_when_the_runs_do_not_overlap() -> None:
+    apart = demo_of(
+        [run("lru", 0, 10.0), run("pbkv", 0, 8.0), run("pbkv", 1, 8.5), run("lru", 1, 10.5)]
+        + [run("lru", 2, 9.5), run("pbkv", 2, 7.5)]
+    )
+    assert [r.repeat for r in first_runs(apart)] == [0, 0]
+    assert "pbkv: 1.25x lru's mean wall time; every run faster" in gain_verdict(apart)
+    overlap = demo_of(
+        [run("lru", 0, 10.0), run("pbkv", 0, 8.0), run("pbkv", 1, 10.2), run("lru", 1, 9.0)]
+        + [run("lru", 2, 9.5), run("pbkv", 2, 9.0)]
+    )
+    assert "within the noise" in gain_verdict(overlap)
+    console = Console(width=120, record=True)
+    console.print(repeats_table(apart))
+    text = console.export_text()
+    assert "10.0 [9.5–10.5]" in text and "0.80 [0.79–0.81]" in text
