@@ -29,12 +29,17 @@ def conversation(workflow):
     return [{"role": "system", "content": system}, {"role": "user", "content": "begin"}]
 
 
-def run_turns(cluster, workflow, turns, messages, *, final_last=False):
+def run_turns(cluster, workflow, turns, messages, *, final_last=False, settle_s=0.0):
+    """Run ``turns`` turns of ``workflow``; ``settle_s`` waits between turns so the
+    previous turn's KV events reach the router before the next turn is routed (events
+    travel asynchronously: sent at once, a turn can be routed on a view one block short)."""
     for turn in range(turns):
         final = final_last and turn == turns - 1
         out = chat(cluster, workflow, messages, final=final)
         messages.append({"role": "assistant", "content": out["choices"][0]["message"]["content"]})
         messages.append({"role": "user", "content": f"go on ({turn})"})
+        if settle_s and turn < turns - 1:
+            time.sleep(settle_s)
     return messages
 
 

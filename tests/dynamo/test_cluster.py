@@ -38,7 +38,9 @@ HISTORIES = {}
 
 def test_every_turn_of_a_workflow_lands_on_one_replica_and_router_hits_equal_pbkvs(cluster):
     with ThreadPoolExecutor(len(WORKFLOWS)) as pool:
-        done = pool.map(lambda w: run_turns(cluster, w, TURNS, conversation(w)), WORKFLOWS)
+        done = pool.map(
+            lambda w: run_turns(cluster, w, TURNS, conversation(w), settle_s=0.5), WORKFLOWS
+        )
         HISTORIES.update(zip(WORKFLOWS, done, strict=True))
     records = trace(cluster, len(WORKFLOWS) * TURNS)
     assert len(records) == len(WORKFLOWS) * TURNS
