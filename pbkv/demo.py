@@ -429,8 +429,10 @@ def repeats_table(demo: DemoResult) -> Table:
     base = demo.config.policies[0]
     by_policy = {p: [r for r in demo.runs if r.policy == p] for p in demo.config.policies}
     table = Table(
-        title=f"{demo.config.repeats} repeats, rotated order (mean [min–max]; x {base}: the "
-        f"row over {base}'s run of the same repeat)",
+        title=escape(
+            f"{demo.config.repeats} repeats, rotated order (mean [min–max]; x {base}: the "
+            f"row over {base}'s run of the same repeat)"
+        ),
         title_justify="left",
     )
     for header in ("policy", "wall s", f"x {base}", "CPU s", f"x {base}", "recomputed tok"):
@@ -449,8 +451,8 @@ def repeats_table(demo: DemoResult) -> Table:
 
 
 def gain_verdict(demo: DemoResult) -> str:
-    """Say, for each policy after the first, whether its wall-time gain is above the
-    noise: every run of it faster than every run of the first policy."""
+    """Say, for each policy after the first, whether its wall-time gain (or loss) is
+    above the noise: every run of it faster (slower) than every run of the first."""
     base = demo.config.policies[0]
     base_walls = [r.result.wall_s for r in demo.runs if r.policy == base]
     lines = []
@@ -458,13 +460,11 @@ def gain_verdict(demo: DemoResult) -> str:
         walls = [r.result.wall_s for r in demo.runs if r.policy == policy]
         gain = statistics.fmean(base_walls) / statistics.fmean(walls)
         spread = (max(base_walls) - min(base_walls) + max(walls) - min(walls)) / 2
-        above = max(walls) < min(base_walls)
-        lines.append(
-            f"{policy}: {gain:.2f}x {base}'s mean wall time; "
-            + (
-                f"every run faster than every {base} run: the gain is above the noise"
-                if above
-                else f"the runs overlap (mean spread {spread:.1f} s): within the noise"
-            )
-        )
+        if max(walls) < min(base_walls):
+            verdict = f"every run faster than every {base} run: the gain is above the noise"
+        elif min(walls) > max(base_walls):
+            verdict = f"every run slower than every {base} run: the loss is above the noise"
+        else:
+            verdict = f"the runs overlap (mean spread {spread:.1f} s): within the noise"
+        lines.append(f"{policy}: {gain:.2f}x {base}'s mean wall time; {verdict}")
     return "\n".join(lines)

@@ -73,7 +73,18 @@ def test_the_gain_is_above_the_noise_only_when_the_runs_do_not_overlap() -> None
         + [run("lru", 2, 9.5), run("pbkv", 2, 9.0)]
     )
     assert "within the noise" in gain_verdict(overlap)
+    slower = demo_of(
+        [run("lru", 0, 10.0), run("pbkv", 0, 12.0), run("pbkv", 1, 12.5), run("lru", 1, 9.0)]
+        + [run("lru", 2, 9.5), run("pbkv", 2, 11.0)]
+    )
+    assert "every run slower than every lru run: the loss is above the noise" in gain_verdict(
+        slower
+    )
     console = Console(width=120, record=True)
     console.print(repeats_table(apart))
     text = console.export_text()
-    assert "10.0 [9.5–10.5]" in text and "0.80 [0.79–0.81]" in text
+    assert (
+        "(mean [min–max]; x lru" in text
+        and "10.0 [9.5–10.5]" in text
+        and "0.80 [0.79–0.81]" in text
+    )
