@@ -8,10 +8,8 @@ value of a JSON schema + ``suffix``: a tool call (``<tool_call>\\n{"name": ...,
 :meth:`OutputFormat.example`, a schema-valid instance, so framework loops run
 deterministically on it.
 
-The grammar library is llguidance (Lark grammar with an embedded ``%json`` schema): on
-SmolLM2's 49k-token vocabulary a mask takes about 0.1 ms per token on one CPU core, and
-1.5 ms with its unpacking into a boolean tensor, against 25 ms for outlines-core's
-token lists (figures and the comparison: ``docs/serve.md``). JSON is held to
+The grammar library is llguidance (Lark grammar with an embedded ``%json`` schema),
+chosen by its per-token cost on CPU (the measured comparison: ``docs/serve.md``). JSON is held to
 ``json.dumps``'s separators (``", "``, ``": "``, no other whitespace), so a generated tool
 call is the text history renders it as, token for token.
 

@@ -15,9 +15,9 @@ log:
   a key whose next occurrence is an insert is worth nothing to keep (it can be cached
   again for free then). Among keys needed equally far it evicts the one first seen last
   (a block before its prefix). It counts every resident key of an access as a hit, past
-  a miss too: counting only up to the first miss (as a radix tree matches) is tighter
-  but no longer a bound, since MIN's farthest-need choices are not prefix-closed (a
-  pbkv row's total hit exceeded it on hover, 144 workflows, c=72). It ignores the prefix
+  a miss too: counting only up to the first miss (as a radix tree matches) would be
+  tighter but no bound, since MIN's farthest-need choices are not prefix-closed. It
+  ignores the prefix
   rule, leases and reservations, so it bounds every demand policy (no prefetch) on that
   order; prefetching can beat the GPU figure, demand caching cannot. Computed over each
   row's own access order (a scheduler changes the order).
