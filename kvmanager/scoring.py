@@ -441,9 +441,12 @@ class _Flow:
         plan: per agent-set group, the ``weights`` slots of its agents (then the 0 slot)
             and its nodes: a forecast under the same ``agents`` sums each group's change
             from them; ``None`` when a group came or went or ``agents`` changed.
+        scale: the time factor ``f_w`` (:meth:`ScoreBoard.set_time_weight`): ``weights``
+            are ``raw`` times it.
+        raw: ``u[a]`` as the forecast gives them (``weights`` before the time factor).
     """
 
-    __slots__ = ("agents", "position", "weights", "first", "plan")
+    __slots__ = ("agents", "position", "weights", "first", "plan", "scale", "raw")
 
     def __init__(self) -> None:
         self.agents: tuple[str, ...] = ()
@@ -451,15 +454,18 @@ class _Flow:
         self.weights: list[float] = [0.0]
         self.first: list[float] | None = None
         self.plan: list[tuple[Callable[[list[float]], tuple[float, ...]], set[Node]]] | None = None
+        self.scale = 1.0
+        self.raw: list[float] = self.weights
 
     def weight(self, agent: str) -> float:
         """Return ``u[agent]`` (0 for an agent the last forecast does not name)."""
         return self.weights[self.position.get(agent, -1)]
 
     def next_step(self, agent: str) -> float:
-        """Return ``P^(1)[agent]`` of the last forecast (0 before one, or if unnamed)."""
+        """Return ``P^(1)[agent]`` of the last forecast times the time factor (0 before
+        one, or if unnamed)."""
         i = self.position.get(agent)
-        return 0.0 if i is None or self.first is None else self.first[i]
+        return 0.0 if i is None or self.first is None else self.first[i] * self.scale
 
     def predicted(self) -> dict[str, float]:
         """Return the last forecast's ``P^(1)`` per agent (empty before one)."""
@@ -783,6 +789,9 @@ class ScoreBoard:
                 return 0  # a late forecast does not revive a terminated workflow
             self.start(workflow_id)
             flow = self._flows[workflow_id]
+        flow.raw = new
+        if flow.scale != 1.0:
+            new = [u * flow.scale for u in new]
         if same:
             moves = self._moves(flow, new, self._groups[workflow_id])
         else:
@@ -790,6 +799,33 @@ class ScoreBoard:
             flow.agents, flow.position, flow.plan = agents, position, None
         flow.weights = new
         flow.first = rows[0]
+        if moves:
+            self._shift_groups(moves)
+        refreshed = len(self._nodes[workflow_id])
+        self.refreshed_nodes += refreshed
+        return refreshed
+
+    def set_time_weight(self, workflow_id: str, weight: float) -> int:
+        """Scale ``workflow_id``'s share of its nodes' scores by ``weight`` (its time
+        factor ``f_w``, :mod:`pbkv.kvmanager.timing`): ``u[a]`` becomes ``weight`` times
+        the forecast's, now and for its later forecasts, until set again.
+
+        Returns:
+            Nodes refreshed (0 for a workflow the board does not hold).
+
+        Raises:
+            ValueError: ``weight`` is not in (0, 1].
+
+        Mutates: scores of the workflow's nodes only.
+        """
+        if not 0.0 < weight <= 1.0:
+            raise ValueError(f"time weight must be in (0, 1], got {weight}")
+        flow = self._flows.get(workflow_id)
+        if flow is None or weight == flow.scale:
+            return 0
+        new = [u * weight for u in flow.raw] if weight != 1.0 else list(flow.raw)
+        moves = self._moves(flow, new, self._groups[workflow_id])
+        flow.weights, flow.scale = new, weight
         if moves:
             self._shift_groups(moves)
         refreshed = len(self._nodes[workflow_id])
