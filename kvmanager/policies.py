@@ -155,6 +155,8 @@ class Policy:
             online agent chain, :mod:`pbkv.kvmanager.survival`).
         queue_aware: the key reads ``node.queued`` (queued requests' prefixes), so the
             engine reports its queue (:meth:`KVManager.note_waiting`).
+        time_aware: each workflow's share of the score is weighed by when it is back
+            from its tool or user (:mod:`pbkv.kvmanager.timing`); needs forecasts.
     """
 
     name: str
@@ -163,6 +165,7 @@ class Policy:
     prefetch: PrefetchMode = "none"
     tracker: Tracker = "none"
     queue_aware: bool = False
+    time_aware: bool = False
 
 
 POLICIES: dict[str, Policy] = {
@@ -177,6 +180,14 @@ POLICIES: dict[str, Policy] = {
             uses_forecasts=True,
             prefetch="conservative",
             queue_aware=True,
+        ),
+        Policy(
+            "pbkv-timed",
+            workflow_priority,
+            uses_forecasts=True,
+            prefetch="conservative",
+            queue_aware=True,
+            time_aware=True,
         ),
         Policy(
             "pbkv-aggressive",
