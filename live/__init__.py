@@ -6,6 +6,7 @@ tools and routers on top of them, and its call graph feeds the predictor.
 """
 
 from .build import BuiltEngine, RuntimeConfig, build_engine, open_runtime
+from .call import CallFailed, Delta, Overloaded, Reply, ReplyStream
 from .chat import ChatFormat, PromptTooLong
 from .driver import (
     NodeFailed,
@@ -16,18 +17,9 @@ from .driver import (
     simulate_workflow,
 )
 from .graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult, Turn
-from .session import (
-    CallFailed,
-    Delta,
-    Overloaded,
-    Reply,
-    ReplyStream,
-    Runtime,
-    RuntimeStatistics,
-    Simulated,
-    WorkflowEnded,
-    WorkflowSession,
-)
+from .session import Runtime, RuntimeStatistics
+from .simulated import Simulated
+from .workflow import WorkflowEnded, WorkflowSession
 
 __all__ = [
     "END",

@@ -34,6 +34,7 @@ from pbkv.actors.events import TerminationReason
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
 from pbkv.engines.base import GenerateResult, Sampling
+from pbkv.live.call import CallFailed, Overloaded, Reply
 from pbkv.live.chat import ChatFormat, message_parts
 from pbkv.live.graph import (
     END,
@@ -46,15 +47,9 @@ from pbkv.live.graph import (
     ToolResult,
     Turn,
 )
-from pbkv.live.session import (
-    CallFailed,
-    Overloaded,
-    Reply,
-    Runtime,
-    Simulated,
-    WorkflowSession,
-    scripted_output,
-)
+from pbkv.live.session import Runtime
+from pbkv.live.simulated import Simulated, scripted_output
+from pbkv.live.workflow import WorkflowSession
 from pbkv.runtime import now_s
 
 log = logging.getLogger(__name__)
