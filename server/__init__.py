@@ -9,7 +9,8 @@ object (``extra_body``); a server session is a live workflow. Routes:
 Needs the ``serve`` extra (hypercorn).
 """
 
-from pbkv.server.app import OpenAIApp, ServerConfig
+from pbkv.server.app import OpenAIApp
+from pbkv.server.config import ServerConfig
 from pbkv.server.errors import APIError
 from pbkv.server.hints import Hints, resolve_hints
 from pbkv.server.serve import Server, ServerAddress, open_server, run_server, serve, shut_down

@@ -259,7 +259,7 @@ def _serve_until_stopped(args: argparse.Namespace, console: Any) -> None:
     import trio
 
     from pbkv.live import RuntimeConfig
-    from pbkv.server.app import ServerConfig
+    from pbkv.server.config import ServerConfig
     from pbkv.server.serve import serve, shut_down
 
     chain = forecasters(args.predictor, args.traces, args.checkpoint)

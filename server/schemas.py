@@ -102,7 +102,7 @@ class _Sampled(msgspec.Struct, frozen=True, kw_only=True):
     user: str | None = None
     cache_salt: Annotated[str, Meta(max_length=256)] | None = None
     pbkv: WorkflowHints | None = None
-    # read only to refuse what is not served (see server.app._refuse_unserved)
+    # read only to refuse what is not served (see server.generation.refuse_unserved)
     logprobs: bool | Annotated[int, Meta(ge=0)] | None = None
     top_logprobs: Annotated[int, Meta(ge=0)] | None = None
     presence_penalty: Penalty | None = None

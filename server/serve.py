@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from pbkv.server.app import OpenAIApp, ServerConfig
+from pbkv.server.app import OpenAIApp
+from pbkv.server.config import ServerConfig
 from pbkv.server.sessions import SessionRegistry
 
 log = logging.getLogger(__name__)
