@@ -26,6 +26,7 @@ from pbkv.kvmanager.radix import Lease, LoadTransfer, MatchResult, RadixTree, Tr
 from pbkv.kvmanager.scoring import ScoreBoard
 from pbkv.kvmanager.stats import KVStatistics
 from pbkv.kvmanager.survival import SurvivalTracker, WarmupPrefetcher
+from pbkv.kvmanager.timing import TimeWeights
 from pbkv.kvmanager.waiting import QueuedPrompt, QueuedWalk, WaitingPrefixes
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,10 @@ class KVManager:
             shift_groups=self.tree.shift_scores,
             beyond_horizon=config.beyond_horizon,
         )
+        self.timing: TimeWeights | None = None
+        """The time-aware score's per-workflow weights (policies with ``time_aware``)."""
+        if self.policy.time_aware and self.policy.uses_forecasts:
+            self.timing = TimeWeights(self.scores, clock)
         self.waiting = WaitingPrefixes(self.tree, count_nodes=self.policy.queue_aware)
         self.tree.hooks.on_split = self._on_split
         self.tree.hooks.on_remove = self._on_remove
@@ -367,6 +372,8 @@ class KVManager:
             )
         if self.continuum is not None:
             self.continuum.before_admit(request)
+        if self.timing is not None:
+            self.timing.refresh()
         if self._refused_as_is(request, total, retired_only):
             self._counters.rejected_admissions += 1
             return None
@@ -392,6 +399,8 @@ class KVManager:
         self._touch(match.path, request)
         if self.continuum is not None:
             self.continuum.on_admitted(request)
+        if self.timing is not None and request.workflow_id is not None:
+            self.timing.on_admitted(request.workflow_id)
         return Admission(
             request=request,
             lease=lease,
@@ -766,6 +775,8 @@ class KVManager:
             self.continuum.on_released(admission)  # pins before the lease goes
         if self.survival is not None:
             self.survival.on_released(admission)
+        if self.timing is not None and admission.request.workflow_id is not None:
+            self.timing.on_released(admission.request.workflow_id, admission.request.agent)
         self.tree.unlock(admission.lease)
 
     def _computed(self, keys: Sequence[int], start: int, end: int) -> None:
@@ -870,6 +881,8 @@ class KVManager:
 
         Mutates: the tree (evictions the mode allows, loads), statistics.
         """
+        if self.timing is not None:
+            self.timing.refresh()
         loads = self.prefetcher.plan(step_s)
         self._counters.prefetch_issued_blocks += sum(load.num_blocks for load in loads)
         return loads
@@ -906,6 +919,8 @@ class KVManager:
     def on_agent_invoked(self, workflow_id: str, agent: str, step: int) -> None:
         """Note that ``workflow_id`` runs ``agent`` as its ``step``-th invocation (baselines)."""
         self.scores.note_invocation(workflow_id, agent)
+        if self.timing is not None:
+            self.timing.on_invoked(workflow_id)
         if self.kvflow is not None:
             self.kvflow.on_agent_invoked(workflow_id, agent)
         if self.belady is not None:
@@ -920,6 +935,8 @@ class KVManager:
         if self.survival is not None:
             self.survival.on_terminated(workflow_id)  # reads its nodes: before terminate
         self.scores.terminate(workflow_id)
+        if self.timing is not None:
+            self.timing.on_terminated(workflow_id)
         if self.kvflow is not None:
             self.kvflow.on_terminated(workflow_id)
         if self.belady is not None:
