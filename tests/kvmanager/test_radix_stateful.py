@@ -172,7 +172,7 @@ class Live:
 
 class KVManagerMachine(RuleBasedStateMachine):
     @initialize(
-        policy=st.sampled_from(["lru", "lae", "he", "pbkv"]),
+        policy=st.sampled_from(["lru", "lae", "he", "pbkv", "pbkv-timed"]),
         block_size=st.integers(1, 2),
         gpu=st.integers(6, 16),
         host=st.sampled_from([0, 2, 3, 4, 8]),
