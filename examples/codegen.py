@@ -49,6 +49,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
@@ -148,14 +149,17 @@ def test_fails(state: State) -> bool:
     return bool(state.rng("route").random() < p)
 
 
-def simulate_agent(agent: str) -> Any:
-    """Return ``agent``'s simulated reply: an output, then the gap before it."""
+def simulate_agent(agent: str, gaps: AppGaps | None = None) -> Any:
+    """Return ``agent``'s simulated reply: an output, then the gap before it
+    (:data:`GAP_BEFORE_S`'s draw, or ``gaps``' cited one: the Analyzer's test run)."""
+    gaps = gaps or AppGaps("codegen")
 
     def simulate(state: State) -> Simulated:
         rng = state.rng("output")
         output = _output(agent, state.task.features, rng)
         bounds_s = GAP_BEFORE_S.get(agent, (0.0, 0.0)) if state.turns else (0.0, 0.0)
-        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+        key = agent if state.turns else None
+        return Simulated(token_ids=output, gap_s=gaps.gap_s(key, draw_gap_s(rng, bounds_s), state))
 
     return simulate
 
@@ -214,10 +218,19 @@ def _line_values(draw: random.Random) -> dict[str, str]:
 
 
 class CodegenApp(App):
-    """Planner → Coder → Tester with an Analyzer retry loop (see the module docstring)."""
+    """Planner → Coder → Tester with an Analyzer retry loop (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`GAP_BEFORE_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("codegen", preamble=text.render_preamble())
+        gaps = AppGaps("codegen", gap_model)
         system, opening = system_prompt(text), task_opening("Task")
         for agent in AGENTS:
             high = OUTPUT_TOKENS[agent][1]
@@ -226,7 +239,7 @@ class CodegenApp(App):
                 role=text.ROLE_PROMPTS[agent],
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=high + DIFFICULTY_BONUS_TOKENS[agent],
-                simulate=simulate_agent(agent),
+                simulate=simulate_agent(agent, gaps),
                 max_visits=MAX_RETRIES if agent == "analyzer" else None,
             )
         self.tool("test_run", run_tests, simulate=simulate_test_run)

@@ -50,6 +50,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State
 from pbkv.live.session import Simulated
@@ -145,15 +146,16 @@ def opening(state: State) -> tuple[int, ...]:
     return question + _excerpt(state.task.features, state.rng("output"))
 
 
-def simulate_agent(agent: str) -> Any:
-    """Return ``agent``'s simulated reply: an output, then the gap before it."""
+def simulate_agent(agent: str, gaps: AppGaps | None = None) -> Any:
+    """Return ``agent``'s simulated reply: an output, then the gap before it
+    (:data:`GAP_BEFORE_S`'s draw, or ``gaps``' cited one: the searches, the python run)."""
+    gaps = gaps or AppGaps("financebench")
 
     def simulate(state: State) -> Simulated:
         rng = state.rng("output")
         output = _output(agent, state.task.features, rng)
-        return Simulated(
-            token_ids=output, gap_s=draw_gap_s(rng, GAP_BEFORE_S.get(agent, (0.0, 0.0)))
-        )
+        bundled_s = draw_gap_s(rng, GAP_BEFORE_S.get(agent, (0.0, 0.0)))
+        return Simulated(token_ids=output, gap_s=gaps.gap_s(agent, bundled_s, state))
 
     return simulate
 
@@ -213,10 +215,19 @@ def _pools(year: int) -> dict[str, tuple[str, ...]]:
 
 
 class FinanceBenchApp(App):
-    """A static five-agent sequential crew (see the module docstring)."""
+    """A static five-agent sequential crew (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`GAP_BEFORE_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("financebench", preamble=text.render_preamble())
+        gaps = AppGaps("financebench", gap_model)
         system = system_prompt(text)
         for agent in AGENTS:
             self.agent(
@@ -224,7 +235,7 @@ class FinanceBenchApp(App):
                 role=text.ROLE_PROMPTS[agent],
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=OUTPUT_TOKENS[agent][1] + COMPLEXITY_BONUS_TOKENS[agent],
-                simulate=simulate_agent(agent),
+                simulate=simulate_agent(agent, gaps),
             )
         for source, target in zip((START, *AGENTS), (*AGENTS, END), strict=True):
             self.edge(source, target)

@@ -42,6 +42,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines, from_pools
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
@@ -114,8 +115,10 @@ def next_speaker(state: State) -> str:
     return str(rng.choice([m for m in MEMBERS if m != f["favourite"]]))
 
 
-def simulate_agent(agent: str) -> Any:
-    """Return ``agent``'s simulated reply (the Selector's starts with its pick)."""
+def simulate_agent(agent: str, gaps: AppGaps | None = None) -> Any:
+    """Return ``agent``'s simulated reply (the Selector's starts with its pick), then the
+    gap before it (:data:`GAP_BEFORE_S`'s draw, or ``gaps``' cited one)."""
+    gaps = gaps or AppGaps("groupchat")
 
     def simulate(state: State) -> Simulated:
         header = ""
@@ -126,7 +129,8 @@ def simulate_agent(agent: str) -> Any:
         n_tokens = draw_tokens(rng, OUTPUT_TOKENS[agent])
         output = fill_lines(header, text.OUTPUT_LINES[agent], n_tokens, rng, _VALUES, END_OF_TURN)
         bounds_s = GAP_BEFORE_S[agent] if state.turns else (0.0, 0.0)
-        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+        key = agent if state.turns else None
+        return Simulated(token_ids=output, gap_s=gaps.gap_s(key, draw_gap_s(rng, bounds_s), state))
 
     return simulate
 
@@ -156,10 +160,19 @@ _VALUES = from_pools(
 
 
 class GroupChatApp(App):
-    """Selector group chat that keeps naming one member (see the module docstring)."""
+    """Selector group chat that keeps naming one member (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`GAP_BEFORE_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("groupchat", preamble=text.render_preamble(), recursion_limit=128)
+        gaps = AppGaps("groupchat", gap_model)
         system, opening = system_prompt(text), task_opening("Request")
         for agent in AGENTS:
             self.agent(
@@ -167,7 +180,7 @@ class GroupChatApp(App):
                 role=text.ROLE_PROMPTS[agent],
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=OUTPUT_TOKENS[agent][1] + 8,
-                simulate=simulate_agent(agent),
+                simulate=simulate_agent(agent, gaps),
                 max_visits=MAX_ROUNDS if agent == "selector" else None,
             )
         self.edge(START, "selector").route("selector", route_selector, [*MEMBERS, END])

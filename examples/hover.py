@@ -59,6 +59,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines, from_pools
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
@@ -174,12 +175,14 @@ def hover_task(seed: int, index: int) -> LiveTask:
     return LiveTask(task.task_id, task.text, task.features(), (seed, index), STREAMS)
 
 
-def simulate_agent(agent: str) -> Any:
+def simulate_agent(agent: str, gaps: AppGaps | None = None) -> Any:
     """Return ``agent``'s simulated reply: an output, then the gap before it.
 
     The Decomposer also plans its round's searches; the Verifier first draws whether it
-    re-plans (the ``route`` stream) and says so in its verdict.
+    re-plans (the ``route`` stream) and says so in its verdict. The gap is
+    :data:`GAP_BEFORE_S`'s draw, or ``gaps``' cited one (the Reader's: the search).
     """
+    gaps = gaps or AppGaps("hover")
 
     def simulate(state: State) -> Simulated:
         features = state.task.features
@@ -196,7 +199,8 @@ def simulate_agent(agent: str) -> Any:
         rng = state.rng("output")
         output = _output(agent, features, replans, rng)
         bounds_s = GAP_BEFORE_S[agent] if state.turns else (0.0, 0.0)
-        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+        key = agent if state.turns else None
+        return Simulated(token_ids=output, gap_s=gaps.gap_s(key, draw_gap_s(rng, bounds_s), state))
 
     return simulate
 
@@ -285,10 +289,19 @@ def _pools() -> dict[str, tuple[str, ...]]:
 
 
 class HoverApp(App):
-    """Multi-hop claim verification with a re-plan loop (see the module docstring)."""
+    """Multi-hop claim verification with a re-plan loop (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`GAP_BEFORE_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("hover", preamble=text.render_preamble(), recursion_limit=64)
+        gaps = AppGaps("hover", gap_model)
         system, opening = system_prompt(text), task_opening("Task")
         for agent in AGENTS:
             high = OUTPUT_TOKENS[agent][1]
@@ -297,7 +310,7 @@ class HoverApp(App):
                 role=text.ROLE_PROMPTS[agent],
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=high + DIFFICULTY_BONUS_TOKENS.get(agent, 0),
-                simulate=simulate_agent(agent),
+                simulate=simulate_agent(agent, gaps),
                 max_visits=MAX_REPLANS + 1 if agent == "decomposer" else None,
             )
         self.tool("search", search, simulate=simulate_search)

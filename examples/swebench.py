@@ -61,6 +61,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import LineValues, fill_lines, from_pools
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, noisy_tier, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
@@ -223,9 +224,11 @@ def next_speaker(state: State) -> str:
     return "coder"
 
 
-def simulate_agent(agent: str) -> Any:
+def simulate_agent(agent: str, gaps: AppGaps | None = None) -> Any:
     """Return ``agent``'s simulated reply: its first line (the Manager's pick, the
-    Reviewer's verdict), the rest of its output, then the gap before it."""
+    Reviewer's verdict), the rest of its output, then the gap before it
+    (:data:`TOOL_GAP_S`'s draw for the last worker's tool, or ``gaps``' cited one)."""
+    gaps = gaps or AppGaps("swebench")
 
     def simulate(state: State) -> Simulated:
         f = state.task.features
@@ -241,7 +244,7 @@ def simulate_agent(agent: str) -> Any:
         output = _output(agent, header, f, rng)
         last = next((t.node for t in reversed(state.turns) if t.kind == "agent"), None)
         bounds_s = TOOL_GAP_S.get(last, SELECTION_GAP_S) if last is not None else (0.0, 0.0)
-        return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+        return Simulated(token_ids=output, gap_s=gaps.gap_s(last, draw_gap_s(rng, bounds_s), state))
 
     return simulate
 
@@ -360,10 +363,19 @@ def _pools(repo: str) -> dict[str, tuple[str, ...]]:
 
 
 class SwebenchApp(App):
-    """Manager-selected group chat with localize/code/test/review loops (see the module)."""
+    """Manager-selected group chat with localize/code/test/review loops (see the module).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`TOOL_GAP_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("swebench", preamble=text.render_preamble(), recursion_limit=128)
+        gaps = AppGaps("swebench", gap_model)
         system, opening = system_prompt(text), task_opening("Issue")
         for agent in AGENTS:
             self.agent(
@@ -371,7 +383,7 @@ class SwebenchApp(App):
                 role=text.ROLE_PROMPTS[agent],
                 prompt=transcript_prompt(system, agent, opening),
                 max_new_tokens=OUTPUT_TOKENS[agent][1] + DIFFICULTY_BONUS_TOKENS.get(agent, 0),
-                simulate=simulate_agent(agent),
+                simulate=simulate_agent(agent, gaps),
             )
         for worker, tool in TOOLS.items():
             self.tool(tool, run_tool(worker), simulate=simulate_tool(worker))

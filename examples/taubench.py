@@ -34,6 +34,12 @@ runtime): agent ⇒ {``tool`` → agent, user → agent, END}, whose routers fol
 episode's recorded messages; each prompt is the recorded one, each simulated reply the
 recorded message, and the ``tool`` node costs :data:`TOOL_LATENCY_S`. So the call graph
 is agent ⇒ {agent (after tools), user, END}, user ⇒ {agent, END}.
+
+Gaps: under the ``bundled`` gap model a user turn follows the agent at once (τ-bench's
+user is a language model); under ``cited`` (:mod:`pbkv.examples.gaps`) each ``user``
+call waits for a human's think time first: the agent's messages since the user's last
+turn read and the recorded reply typed, at one :class:`~pbkv.examples.gaps.Typist`'s
+rates per workflow. :data:`TOOL_LATENCY_S` is uncited under both.
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ import numpy as np
 import trio
 
 from pbkv.actors.workload import Segment, Step
-from pbkv.assets import encode
+from pbkv.assets import decode, encode
 from pbkv.examples.apps import register_app
 from pbkv.examples.chat import END_OF_TURN, render_message
 from pbkv.examples.data import find_data_file, read_data_text
+from pbkv.examples.gaps import GAP_STREAM, Typist, check_gap_model
 from pbkv.live.graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult
 from pbkv.live.session import Reply, Simulated
 
@@ -121,15 +128,22 @@ class TauBenchApp(App):
     Args:
         data_dir: a data directory holding ``taubench/``; ``$PBKV_DATA_DIR`` or the bundled
             traces when omitted (see :func:`pbkv.examples.data.find_data_dir`).
+        gap_model: ``bundled`` (user turns without think time) or ``cited`` (a human's
+            reading and typing time before each user turn; see the module docstring).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, data_dir: str | os.PathLike[str] | None = None, gap_model: str = "bundled"
+    ) -> None:
         super().__init__("taubench", recursion_limit=256)
         self._data_dir = data_dir
+        self._gap_model = check_gap_model(gap_model)
         for agent in AGENTS:
-            self.agent(
-                agent, role="", prompt=self._prompt, max_new_tokens=1024, simulate=self._reply
-            )
+            simulate = self._user_reply if agent == "user" else self._reply
+            self.agent(agent, role="", prompt=self._prompt, max_new_tokens=1024, simulate=simulate)
         self.tool(
             "tool", replay_tool, simulate=lambda state: ToolResult("tool", "", TOOL_LATENCY_S)
         )
@@ -178,9 +192,35 @@ class TauBenchApp(App):
     def _reply(self, state: State) -> Simulated:
         return Simulated(token_ids=self._recorded_step(state).output_token_ids)
 
+    def _user_reply(self, state: State) -> Simulated:
+        """The recorded user message, after a human's think time under ``cited``."""
+        step = self._recorded_step(state)
+        if self._gap_model == "bundled":
+            return Simulated(token_ids=step.output_token_ids)
+        typist = state.values.get("typist")
+        if typist is None:
+            typist = state.values["typist"] = Typist.draw(state.rng(GAP_STREAM))
+        read_words, typed_words = user_turn_words(step)
+        return Simulated(
+            token_ids=step.output_token_ids, gap_s=typist.turn_s(read_words, typed_words)
+        )
+
     def _follow(self, state: State, out: Reply | ToolResult) -> str:
         route = self._episode(state).route
         return route[len(state.turns)] if len(state.turns) < len(route) else END
+
+
+def user_turn_words(step: Step) -> tuple[int, int]:
+    """Return the words a human user reads and types for the ``user`` step ``step``.
+
+    Read: the agent's messages since the user's last turn (the step's ``context_tail``,
+    whose ``agent:`` labels are not counted; at most :data:`TAIL_CHARS` characters).
+    Typed: the recorded reply, end-of-turn marker excluded.
+    """
+    tail = step.context_tail.split()
+    read = len(tail) - sum(word == "agent:" for word in tail)
+    typed = decode(step.output_token_ids).removesuffix(END_OF_TURN).split()
+    return read, len(typed)
 
 
 async def replay_tool(state: State) -> str:

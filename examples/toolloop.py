@@ -44,6 +44,7 @@ are synthetic but real tokens, deterministic per ``(seed, workflow)``.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -60,6 +61,7 @@ from pbkv.examples.chat import (
     transcript_prompt,
 )
 from pbkv.examples.filler import fill_lines, from_pools
+from pbkv.examples.gaps import AppGaps
 from pbkv.examples.sampling import draw_gap_s, draw_tokens, spawn_rngs
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
 from pbkv.live.session import Reply, Simulated
@@ -117,9 +119,10 @@ def next_action(state: State) -> str:
     return "search"
 
 
-def simulate_assistant(state: State) -> Simulated:
+def simulate_assistant(state: State, gaps: AppGaps | None = None) -> Simulated:
     """Return the Assistant's simulated reply: its first line (the action or
-    ``Final Answer:``), the rest of its output, then the tool latency before it."""
+    ``Final Answer:``), the rest of its output, then the tool latency before it
+    (:data:`TOOL_GAP_S`'s draw, or ``gaps``' cited one for the tool that ran)."""
     action = next_action(state)
     rng = state.rng("output")
     if action == END:
@@ -129,7 +132,11 @@ def simulate_assistant(state: State) -> Simulated:
     n_tokens = draw_tokens(rng, OUTPUT_TOKENS)
     output = fill_lines(header, lines, n_tokens, rng, _VALUES, END_OF_TURN)
     bounds_s = TOOL_GAP_S if state.turns else (0.0, 0.0)
-    return Simulated(token_ids=output, gap_s=draw_gap_s(rng, bounds_s))
+    bundled_s = draw_gap_s(rng, bounds_s)
+    if gaps is None:
+        return Simulated(token_ids=output, gap_s=bundled_s)
+    tool = state.turns[-1].node if state.turns else None
+    return Simulated(token_ids=output, gap_s=gaps.gap_s(tool, bundled_s, state))
 
 
 def route_assistant(state: State, out: Reply | ToolResult) -> str:
@@ -196,17 +203,30 @@ _VALUES = from_pools(text.VALUES)
 
 
 class ToolLoopApp(App):
-    """ReAct-style tool loop of one assistant with bimodal task depths (see the module)."""
+    """ReAct-style tool loop of one assistant with bimodal task depths (see the module).
 
-    def __init__(self) -> None:
+    Args:
+        gap_model: ``bundled`` (:data:`TOOL_GAP_S`) or ``cited``
+            (:mod:`pbkv.examples.gaps`).
+
+    Raises:
+        ValueError: ``gap_model`` is unknown.
+    """
+
+    def __init__(self, gap_model: str = "bundled") -> None:
         super().__init__("toolloop", preamble=text.render_preamble(), recursion_limit=128)
+        gaps = AppGaps("toolloop", gap_model)
         system, opening = system_prompt(text), task_opening("Ticket")
         self.agent(
             AGENT,
             role=text.ROLE_PROMPTS[AGENT],
             prompt=transcript_prompt(system, AGENT, opening),
             max_new_tokens=OUTPUT_TOKENS[1] + 8,
-            simulate=simulate_assistant,
+            simulate=(
+                simulate_assistant
+                if gap_model == "bundled"
+                else functools.partial(simulate_assistant, gaps=gaps)
+            ),
             max_visits=MAX_ASSISTANT_CALLS,
         )
         for tool in TOOLS:
