@@ -8,14 +8,9 @@ tools and routers on top of them, and its call graph feeds the predictor.
 from .build import BuiltEngine, RuntimeConfig, build_engine, open_runtime
 from .call import CallFailed, Delta, Overloaded, Reply, ReplyStream
 from .chat import ChatFormat, PromptTooLong
-from .driver import (
-    NodeFailed,
-    replay_workflow,
-    run_workflow,
-    serve_app,
-    serve_replays,
-    simulate_workflow,
-)
+from .driver import replay_workflow, run_workflow, serve_app, serve_replays
+from .dry_run import simulate_workflow
+from .errors import NodeFailed
 from .graph import END, START, App, LiveTask, State, TokenPrompt, ToolResult, Turn
 from .session import Runtime, RuntimeStatistics
 from .simulated import Simulated
