@@ -2,9 +2,6 @@
 
 import sys
 
-import trio
-import trio.testing
-
 import pbkv
 
 
@@ -23,8 +20,5 @@ async def main(engine: str, model: str | None = None) -> None:
         print(f"critic's prompt: {review.prompt_tokens} tokens, {review.cached_tokens} cached")
 
 
-if __name__ == "__main__":
-    engine = sys.argv[1] if len(sys.argv) > 1 else "torch"  # or sim (virtual time)
-    model = sys.argv[2] if len(sys.argv) > 2 else None  # torch: tiny (default), smollm2, a folder
-    clock = trio.testing.MockClock(autojump_threshold=0) if engine == "sim" else None
-    trio.run(main, engine, model, clock=clock)
+if __name__ == "__main__":  # engine: torch (default) or sim; torch model: tiny, smollm2, a folder
+    pbkv.run(main, *sys.argv[1:])

@@ -32,6 +32,7 @@ from pbkv.live import (
     run_workflow,
     serve_app,
 )
+from pbkv.live.entry import run
 
 __version__ = "0.1.0"
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "WorkflowSession",
     "__version__",
     "open_runtime",
+    "run",
     "run_workflow",
     "serve_app",
 ]
