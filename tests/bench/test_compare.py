@@ -272,7 +272,7 @@ def test_policy_specs_name_their_scheduler_or_take_the_default():
     import argparse
 
     from pbkv.bench.compare import resolve_spec
-    from pbkv.cli import _policies
+    from pbkv.cli.arguments import policy_specs
 
     assert resolve_spec("lru") == ("lru", "fcfs")
     assert resolve_spec("pbkv") == ("pbkv", "workflow")
@@ -282,9 +282,9 @@ def test_policy_specs_name_their_scheduler_or_take_the_default():
         resolve_spec("lru:sjf")
     with pytest.raises(ValueError, match="unknown policy 'belady'"):
         resolve_spec("belady")  # renamed: it is an estimate, not a bound
-    assert _policies("lru,lru:workflow") == ("lru", "lru:workflow")
+    assert policy_specs("lru,lru:workflow") == ("lru", "lru:workflow")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown scheduler in lru:sjf"):
-        _policies("lru:sjf")
+        policy_specs("lru:sjf")
 
 
 def test_the_schedulers_shortcuts_leave_every_figure_as_trying_each_request_does(monkeypatch):

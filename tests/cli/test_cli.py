@@ -151,12 +151,12 @@ def test_check_integrity_reaches_the_engine(monkeypatch, capsys):
 
 
 def test_open_loop_flag_and_mooncake_reach_the_json_config(tmp_path):
-    from pbkv.cli import _config_from
+    from pbkv.cli.workload import config_from
 
     parse = build_parser().parse_args
-    assert not _config_from(parse(["bench", "--app", "codegen"])).open_loop
-    assert _config_from(parse(["bench", "--app", "codegen", "--open-loop"])).open_loop
-    assert _config_from(parse(["bench", "--app", "mooncake"])).open_loop  # arrivals always
+    assert not config_from(parse(["bench", "--app", "codegen"])).open_loop
+    assert config_from(parse(["bench", "--app", "codegen", "--open-loop"])).open_loop
+    assert config_from(parse(["bench", "--app", "mooncake"])).open_loop  # arrivals always
     path = tmp_path / "mooncake.json"
     argv = ["bench", "--app", "mooncake", "--workflows", "3", "--policies", "lru"]
     assert main([*argv, "--hardware", "h200", "--model", "qwen3-14b", "--json", str(path)]) == 0

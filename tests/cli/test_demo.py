@@ -65,7 +65,7 @@ def test_demo_rejects_unknown_model(capsys):
 
 
 def test_app_help_names_every_registered_app():
-    from pbkv.cli import APP_HELP
+    from pbkv.cli.arguments import APP_HELP
     from pbkv.examples import app_names
 
     assert all(name in APP_HELP for name in app_names())

@@ -28,6 +28,7 @@ def test_wheel_imports_outside_checkout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "pbkv/kvmanager/radix.py" in names
     assert "pbkv/server/app.py" in names and "pbkv/integrations/langchain.py" in names
+    assert "pbkv/cli/__init__.py" in names and "pbkv/cli/__main__.py" in names
     assert "pbkv/engines/sim/profiles/a6000-tp2.toml" in names
     for trace in ("taubench/gpt-4o-airline.json.gz", "mooncake/conversation_trace.jsonl.gz"):
         assert f"pbkv/data/{trace}" in names

@@ -1,0 +1,7 @@
+"""``python -m pbkv.cli``: the ``pbkv`` command."""
+
+import sys
+
+from pbkv.cli import main
+
+sys.exit(main())
