@@ -26,11 +26,10 @@ from pbkv.kvmanager import (
 from pbkv.kvmanager.scoring import (
     CALL_SHARE_DECAY,
     EVIDENCE_CAP,
-    HISTORY_SMOOTHING,
     MISS_RATE_DECAY,
     PRIOR_EVIDENCE,
-    TAIL_MAX_STEPS,
 )
+from pbkv.kvmanager.weights import HISTORY_SMOOTHING, TAIL_MAX_STEPS
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import AGENTS as AGENTS_EVICTION

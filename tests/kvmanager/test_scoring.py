@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, scoring, validate_forecast
+from pbkv.kvmanager import ScoreBoard, agent_weights, block_keys, validate_forecast, weights
 from pbkv.kvmanager import manager as manager_module
 from pbkv.kvmanager.policies import SCORE_BAND_RATIO
-from pbkv.kvmanager.scoring import TAIL_MAX_STEPS, beyond_horizon_mass, history_sharpened
+from pbkv.kvmanager.weights import TAIL_MAX_STEPS, beyond_horizon_mass, history_sharpened
 
 from .conftest import FakeClock, make_manager
 from .test_eviction import eviction_order, run
@@ -543,7 +543,7 @@ def test_the_weights_are_the_straightforward_ones_bit_for_bit():
             u, first = agent_weights(form, agents, gamma, shares, tail, mix)
             assert (bits(u), bits(first)) == tuple(map(bits, expected)), (trial, form)
             board = ScoreBoard(lambda node: None, gamma)  # its own gamma powers, taken once
-            u, first = scoring._agent_weights(form, agents, gamma, board._powers, shares, tail, mix)
+            u, first = weights._agent_weights(form, agents, gamma, board._powers, shares, tail, mix)
             assert (bits(u), bits(first)) == tuple(map(bits, expected)), (trial, form)
 
 
@@ -688,7 +688,7 @@ def test_the_one_pass_fold_accepts_and_folds_as_the_full_check(name, form):
     }[form]
     agents = ("planner", "coder")
     board = ScoreBoard(lambda node: None, 0.8)
-    folded = scoring._fold_default(given, len(agents), board._powers)
+    folded = weights.fold_default(given, len(agents), board._powers)
     try:
         expected = agent_weights(given, agents, 0.8)
     except ValueError as exc:
