@@ -11,10 +11,12 @@ the studies and the live runs come from one definition.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pbkv.actors.workload import Workflow
+from pbkv.examples.gaps import GAP_MODELS
 from pbkv.predictor.trace import END
 
 
@@ -67,20 +69,35 @@ def app_names() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def get_app(name: str) -> App:
+def get_app(name: str, *, gap_model: str = "bundled") -> App:
     """Build the app registered as ``name``, or load a user's app ``"module:attribute"``
     (see :func:`load_app`).
 
+    Args:
+        name: a registered name or ``"module:attribute"``.
+        gap_model: the tool and user gaps the app draws (:mod:`pbkv.examples.gaps`):
+            ``bundled`` (its own) or ``cited`` (documented distributions; bundled apps
+            only).
+
     Raises:
-        ValueError: no app has that name (the message lists the known ones); or as
+        ValueError: no app has that name (the message lists the known ones); the app
+            takes no gap model and ``gap_model`` is not ``bundled``; or as
             :func:`load_app`.
     """
+    if gap_model not in GAP_MODELS:
+        raise ValueError(f"unknown gap model {gap_model!r}; known: {', '.join(GAP_MODELS)}")
     if ":" in name:
+        if gap_model != "bundled":
+            raise ValueError(f"app {name!r}: gap model {gap_model!r} is for the bundled apps")
         return load_app(name)
     factory = _REGISTRY.get(name)
     if factory is None:
         raise ValueError(f"unknown app {name!r}; known apps: {', '.join(app_names())}")
-    return factory()
+    if gap_model == "bundled":
+        return factory()
+    if "gap_model" not in inspect.signature(factory).parameters:
+        raise ValueError(f"app {name!r} draws no gaps to cite (gap model {gap_model!r})")
+    return factory(gap_model=gap_model)  # type: ignore[call-arg]
 
 
 def load_app(spec: str) -> App:

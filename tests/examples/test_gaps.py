@@ -186,3 +186,17 @@ def test_the_live_runtime_waits_the_cited_gaps_times_its_gap_scale():
     waited, unwaited = latencies(scale), latencies(0.0)
     for workflow_id, gap_s in gap_sums.items():
         assert waited[workflow_id] - unwaited[workflow_id] == pytest.approx(scale * gap_s, rel=1e-9)
+
+
+def test_get_app_builds_a_bundled_app_with_the_cited_gaps_and_refuses_the_rest():
+    from pbkv.examples import get_app
+
+    cited = get_app("swebench", gap_model="cited").generate(8, 0)
+    assert gaps_of(cited) == gaps_of(SwebenchApp(gap_model="cited").generate(8, 0))
+    assert gaps_of(cited) != gaps_of(get_app("swebench").generate(8, 0))
+    with pytest.raises(ValueError, match="known: bundled, cited"):
+        get_app("swebench", gap_model="measured")
+    with pytest.raises(ValueError, match="draws no gaps to cite"):
+        get_app("mooncake", gap_model="cited")
+    with pytest.raises(ValueError, match="for the bundled apps"):
+        get_app("my_app:app", gap_model="cited")
