@@ -211,7 +211,8 @@ def simulated_requests_per_s(
     app: str = "codegen", workflows: int = 32, train_workflows: int = 100
 ) -> float:
     """Return invocations the virtual-time engine serves per wall-clock second (pbkv)."""
-    from pbkv.bench.compare import BenchConfig, compare_policies
+    from pbkv.bench.compare import compare_policies
+    from pbkv.bench.config import BenchConfig
 
     config = BenchConfig(
         app=app,

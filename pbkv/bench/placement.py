@@ -31,7 +31,10 @@ import trio.testing
 
 from pbkv.actors.events import RAN_TO_END
 from pbkv.actors.workload import Step, Workflow
-from pbkv.bench.compare import BenchConfig, gpu_tokens_for, row_forecasters, runtime_config
+from pbkv.bench.config import BenchConfig
+from pbkv.bench.forecasters import row_forecasters
+from pbkv.bench.row import runtime_config
+from pbkv.bench.workload import gpu_tokens_for
 from pbkv.engines.base import GenerateResult
 from pbkv.integrations.dynamo.placement import (
     PLACEMENTS,

@@ -29,14 +29,10 @@ import trio
 from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Segment, Step, Workflow
-from pbkv.bench.compare import (
-    BenchConfig,
-    PolicyResult,
-    baseline_inputs,
-    gpu_tokens_for,
-    resolve_spec,
-    summarise_outcomes,
-)
+from pbkv.bench.config import BenchConfig, resolve_spec
+from pbkv.bench.results import PolicyResult, summarise_outcomes
+from pbkv.bench.row import baseline_inputs
+from pbkv.bench.workload import gpu_tokens_for
 from pbkv.engines.torchengine.engine import (
     TorchEngine,
     TorchEngineConfig,

@@ -16,10 +16,10 @@ from rich.constrain import Constrain
 from rich.table import Table
 from rich.text import Text
 
-from pbkv.bench.compare import (
+from pbkv.bench.compare import FLOOR_SPEC
+from pbkv.bench.config import BenchConfig
+from pbkv.bench.results import (
     END_REASONS,
-    FLOOR_SPEC,
-    BenchConfig,
     BenchRun,
     Bounds,
     PolicyResult,

@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pbkv.actors.workflow import WorkflowOutcome
-from pbkv.bench.compare import BenchConfig, Bounds, PolicyResult, gpu_tokens_for, run_bench
+from pbkv.bench.compare import run_bench
+from pbkv.bench.config import BenchConfig
+from pbkv.bench.results import Bounds, PolicyResult
+from pbkv.bench.workload import gpu_tokens_for
 
 Parameter = Literal["concurrency", "horizon", "noise"]
 PARAMETERS: tuple[Parameter, ...] = ("concurrency", "horizon", "noise")

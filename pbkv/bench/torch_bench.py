@@ -35,17 +35,12 @@ from rich.text import Text
 
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Workflow
-from pbkv.bench.compare import (
-    REPLAY_QUEUE,
-    BenchConfig,
-    PolicyResult,
-    baseline_inputs,
-    gpu_tokens_for,
-    resolve_spec,
-    row_forecasters,
-    summarise_outcomes,
-)
+from pbkv.bench.config import BenchConfig, resolve_spec
+from pbkv.bench.forecasters import row_forecasters
 from pbkv.bench.replay_demo import WorkloadShrink, shrink_workflow
+from pbkv.bench.results import PolicyResult, summarise_outcomes
+from pbkv.bench.row import REPLAY_QUEUE, baseline_inputs
+from pbkv.bench.workload import gpu_tokens_for
 from pbkv.live.build import (
     DEFAULT_MAX_BATCH_SIZE,
     NO_PREDICTOR,
@@ -495,7 +490,7 @@ def config_from_bench(
     """
     from pathlib import Path
 
-    from pbkv.bench.compare import DEFAULT_POLICIES
+    from pbkv.bench.config import DEFAULT_POLICIES
     from pbkv.engines.torchengine.model import MODEL_NAMES
 
     defaults = BenchConfig()

@@ -22,16 +22,11 @@ import trio.testing
 from pbkv.actors.serve import serve_workflows
 from pbkv.actors.workflow import WorkflowOutcome
 from pbkv.actors.workload import Workflow
-from pbkv.bench.compare import (
-    BenchConfig,
-    PolicyResult,
-    _check_fits,
-    build_forecasters,
-    check_prompts,
-    gpu_tokens_for,
-    run_policy,
-    summarise_outcomes,
-)
+from pbkv.bench.config import BenchConfig
+from pbkv.bench.forecasters import build_forecasters
+from pbkv.bench.results import PolicyResult, summarise_outcomes
+from pbkv.bench.row import run_policy
+from pbkv.bench.workload import check_fits, check_prompts, gpu_tokens_for
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.engine import SimConfig
 from pbkv.engines.sim.profile import load_hardware, load_model
@@ -169,7 +164,7 @@ def compare_trtllm(
         config.gpu_kv_tokens or gpu_tokens_for(workload, config.concurrency),
         cost.gpu_kv_capacity_tokens,
     )
-    _check_fits(workload, gpu_tokens, config, cost)
+    check_fits(workload, gpu_tokens, config, cost)
 
     def callback(mode: str) -> Callable[[WorkflowOutcome], None] | None:
         return None if on_outcome is None else (lambda o: on_outcome(mode, o))

@@ -57,8 +57,9 @@ def _title(config, gpu_tokens: int, engine: str = "sim", rate: float | None = No
 def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
     """Run every policy of ``config`` (and the bounds, on the sim) with a progress bar;
     print the table."""
-    from pbkv.bench.compare import BenchRun, run_bench
+    from pbkv.bench.compare import run_bench
     from pbkv.bench.report import comparison_table, gpu_tier_note, sim_cost_line
+    from pbkv.bench.results import BenchRun
 
     labels = (*config.policies, "uncontested") if engine == "sim" else config.policies
     with progress_bar(console) as progress:

@@ -1,5 +1,5 @@
 """The workload options of ``pbkv bench``, ``sweep`` and ``trace-plot``, and the
-:class:`~pbkv.bench.compare.BenchConfig` they make."""
+:class:`~pbkv.bench.config.BenchConfig` they make."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pbkv.cli.arguments import APP_HELP, policy_specs, positive_int
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
     """Add the workload, tier and predictor options (defaults: :class:`BenchConfig`'s)."""
-    from pbkv.bench.compare import BenchConfig
+    from pbkv.bench.config import BenchConfig
     from pbkv.engines.scheduler import SCHEDULERS
 
     d = BenchConfig()
@@ -151,7 +151,7 @@ def config_from(args: argparse.Namespace):  # -> BenchConfig
     Raises:
         ValueError: naming ``--host-kv-tokens`` < 0 or ``--noise`` outside [0, 1].
     """
-    from pbkv.bench.compare import BenchConfig
+    from pbkv.bench.config import BenchConfig
     from pbkv.examples import get_app
 
     if args.host_kv_tokens is not None and args.host_kv_tokens < 0:
