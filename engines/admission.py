@@ -1,9 +1,10 @@
-"""FCFS admission shared by the owned-cache engines (``sim``, ``torch``)."""
+"""What the owned-cache engines' schedulers share (``sim``, ``torch``): the queued and
+running requests they see, the KV manager's view of one, and admission in a given order."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol, TypeVar
 
 from pbkv.engines.base import EngineError, GenerateRequest
@@ -51,32 +52,44 @@ def admission_of(entry: Waiting) -> AdmitRequest:
     return admit_request(entry.request, entry.keys, resumed=entry.retractions > 0)
 
 
-def admit_fcfs(
+def admit_in_order(
     kv: KVManager,
     waiting: deque[E],
+    order: Iterable[E],
     free_slots: int,
     *,
     on_admit: Callable[[E, Admission], None],
     on_reject: Callable[[E, EngineError], None],
 ) -> None:
-    """Admit queued requests in arrival order while batch slots remain.
+    """Admit queued requests in ``order`` while batch slots remain.
 
     Stops at the first request the GPU cannot hold now (head-of-line, as vLLM's FCFS
     scheduler); a request that can never fit is rejected with an :class:`EngineError`
     and the next one is tried.
 
+    Args:
+        order: entries of ``waiting`` in the order to try them; ``waiting`` itself for
+            arrival order.
+
     Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
     """
-    while waiting and free_slots > 0:
-        entry = waiting[0]
+    for entry in _heads(waiting) if order is waiting else order:
+        if free_slots <= 0:
+            return
         try:
             admission = kv.try_admit(admission_of(entry))
         except ValueError as exc:
-            waiting.popleft()
+            waiting.remove(entry)
             on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
             continue
         if admission is None:
             return
-        waiting.popleft()
+        waiting.remove(entry)
         free_slots -= 1
         on_admit(entry, admission)
+
+
+def _heads(waiting: deque[E]) -> Iterator[E]:
+    """Yield the head of ``waiting`` while it has one (the caller takes each out)."""
+    while waiting:
+        yield waiting[0]

@@ -29,23 +29,22 @@ Service is measured in (virtual) seconds a call spends admitted, from the KV man
 clock. Eviction is the engine's default (``lru:autellix``). The paper's quantum and
 ``beta`` values are not restated here; ours are this module's defaults. Queued calls
 are tried past one that does not fit, with bounded bypass, as every ranked scheduler
-here (:class:`~pbkv.engines.scheduler._RankedScheduler`), and batches are balanced.
+here (:class:`~pbkv.engines.ranked._RankedScheduler`), and batches are balanced.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from pbkv.engines.admission import Running, Waiting, admission_of
-from pbkv.engines.base import EngineError
-from pbkv.engines.scheduler import (
+from pbkv.engines.admission import Running, Waiting
+from pbkv.engines.ranked import (
     DEFAULT_MAX_BYPASS,
     DEFAULT_MAX_RETRACTIONS,
     _RankedScheduler,
+    fewest_victims,
 )
 from pbkv.kvmanager import Admission, KVManager
 
@@ -87,7 +86,7 @@ class AutellixScheduler(_RankedScheduler):
     """Admit in ascending program attained service (see the module docstring).
 
     Args:
-        max_bypass: see :class:`~pbkv.engines.scheduler._RankedScheduler`.
+        max_bypass: see :class:`~pbkv.engines.ranked._RankedScheduler`.
         mode: ``atlas`` (critical path; PLAS on sequential programs) or ``plas`` (sum).
         base_quantum_s / quantum_ratio / levels: the discretised queues, > 0, > 1, >= 1.
         starvation_ratio: ``beta`` > 0.
@@ -114,7 +113,12 @@ class AutellixScheduler(_RankedScheduler):
         max_retractions: int = DEFAULT_MAX_RETRACTIONS,
         balanced_prefill: bool = True,
     ) -> None:
-        super().__init__(max_bypass)
+        super().__init__(
+            max_bypass,
+            preempt=preempt,
+            max_retractions=max_retractions,
+            balanced_prefill=balanced_prefill,
+        )
         if mode not in ("plas", "atlas"):
             raise ValueError(f"mode must be 'plas' or 'atlas', got {mode!r}")
         if base_quantum_s <= 0 or quantum_ratio <= 1 or levels < 1:
@@ -124,20 +128,15 @@ class AutellixScheduler(_RankedScheduler):
             )
         if starvation_ratio <= 0:
             raise ValueError(f"starvation_ratio must be > 0, got {starvation_ratio}")
-        if max_retractions < 0:
-            raise ValueError(f"max_retractions must be >= 0, got {max_retractions}")
         self.mode = mode
         self.base_quantum_s = base_quantum_s
         self.quantum_ratio = quantum_ratio
         self.levels = levels
         self.starvation_ratio = starvation_ratio
-        self.preempt = preempt
-        self.max_retractions = max_retractions
-        self.balanced_prefill = balanced_prefill
-        self.wait_for_computing = balanced_prefill
         self._programs: dict[str, _Program] = {}
         self._running: dict[int, _Call] = {}  # id(admission) -> call
         self._seen: dict[int, tuple[Waiting, float]] = {}  # id(entry) -> (entry, queued at)
+        self._now = 0.0  # the clock when the current admission call began
 
     # -- priorities ------------------------------------------------------------------
 
@@ -187,9 +186,8 @@ class AutellixScheduler(_RankedScheduler):
 
         Candidates are calls retracted fewer than ``max_retractions`` times whose
         program's level, counting the call's own service so far, is below ``entry``'s;
-        the lowest level first, the latest admitted first within one. They are taken
-        until the blocks they give back cover ``entry``'s shortfall (and, with
-        ``need_slot``, at least one is); if all of them would not make it fit, none is.
+        taken the lowest level first, the latest admitted first within one, as
+        :func:`~pbkv.engines.ranked.fewest_victims` takes them.
 
         Does not modify the cache.
         """
@@ -205,62 +203,23 @@ class AutellixScheduler(_RankedScheduler):
             theirs = self.level(call.base_s + (now - call.admitted_s))
             if theirs > mine:
                 ranked.append((-theirs, -order, r))
-        if not ranked:
-            return []
-        request = admission_of(entry)
-        short = kv.gpu_shortfall(request)
-        if short <= 0 and not need_slot:
-            return []
-        everyone = [r.admission for _, _, r in ranked if r.admission is not None]
-        if kv.release_gain(everyone, request) < short:
-            return []
-        chosen: list[R] = []
-        for _, _, victim in sorted(ranked, key=lambda t: (t[0], t[1])):
-            chosen.append(victim)
-            gains = [v.admission for v in chosen if v.admission is not None]
-            if kv.release_gain(gains, request) >= short:
-                return chosen
-        return []
+        ordered = [r for _, _, r in sorted(ranked, key=lambda t: (t[0], t[1]))]
+        return fewest_victims(kv, entry, ordered, need_slot=need_slot)
 
-    # -- admission -------------------------------------------------------------------
+    # -- admission (the ranked scheduler's hooks) --------------------------------------
 
-    def admit(
-        self,
-        kv: KVManager,
-        waiting: deque[E],
-        free_slots: int,
-        *,
-        on_admit: Callable[[E, Admission], None],
-        on_reject: Callable[[E, EngineError], None],
-        running: int = 0,
-        prefill_share: float | None = None,
-        retractable: Sequence[R] = (),
-        on_retract: Callable[[R], None] | None = None,
-    ) -> None:
-        """Account the calls that ended since the last call, then admit as the ranked
-        scheduler does, recording each admitted call's program and priority.
+    def _before_admit(self, kv: KVManager, waiting: Sequence[Waiting]) -> None:
+        """Account the calls that ended since the last call (their service) and stamp
+        newly queued ones; each call admitted now is recorded with this clock reading.
 
-        Mutates: ``waiting``, the KV manager and the programs' service records.
+        Mutates: the programs' service records.
         """
-        now = kv.tree.clock()
+        self._now = now = kv.tree.clock()
         self._settle(now)
         self._note_arrivals(waiting, now)
 
-        def admitted(entry: E, admission: Admission) -> None:
-            self._start(entry, admission, now)
-            on_admit(entry, admission)
-
-        super().admit(
-            kv,
-            waiting,
-            free_slots,
-            on_admit=admitted,
-            on_reject=on_reject,
-            running=running,
-            prefill_share=prefill_share,
-            retractable=retractable,
-            on_retract=on_retract,
-        )
+    def _started(self, entry: Waiting, admission: Admission) -> None:
+        self._start(entry, admission, self._now)
 
     def _note_arrivals(self, waiting: Sequence[Waiting], now: float) -> None:
         """Stamp newly queued entries with ``now``; forget entries no longer queued."""

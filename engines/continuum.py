@@ -16,33 +16,30 @@ what tells the two apart.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from pbkv.engines.admission import Running, Waiting, admission_of
-from pbkv.engines.base import EngineError
-from pbkv.engines.scheduler import note_waiting
-from pbkv.kvmanager import Admission, KVManager
+from pbkv.engines.admission import Waiting
+from pbkv.engines.ranked import FCFSScheduler
+from pbkv.kvmanager import KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
 
 E = TypeVar("E", bound=Waiting)
-R = TypeVar("R", bound=Running)
 
 
-class ContinuumScheduler:
-    """Admit pinned programs' requests first, then in program order; never retracts.
+class ContinuumScheduler(FCFSScheduler):
+    """Admit pinned programs' requests first, then in program order, head-of-line (as
+    :class:`~pbkv.engines.ranked.FCFSScheduler` admits); never retracts.
 
     Args:
         balanced_prefill: ask the engine for stall-free batches.
     """
 
     name = "continuum"
-    preempt = False
 
     def __init__(self, *, balanced_prefill: bool = True) -> None:
-        self.balanced_prefill = balanced_prefill
+        super().__init__(balanced_prefill=balanced_prefill)
 
-    def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
+    def rank(self, kv: KVManager, waiting: deque[E]) -> list[E]:
         """Return ``waiting`` in admission order. Does not modify the cache (it may give
         a workflow seen for the first time its start ordinal)."""
         pins = kv.continuum
@@ -53,39 +50,3 @@ class ContinuumScheduler:
             return (not pinned, NO_WORKFLOW if wid is None else kv.scores.ordinal(wid))
 
         return sorted(waiting, key=key)  # stable: arrival order within a program
-
-    def admit(
-        self,
-        kv: KVManager,
-        waiting: deque[E],
-        free_slots: int,
-        *,
-        on_admit: Callable[[E, Admission], None],
-        on_reject: Callable[[E, EngineError], None],
-        running: int = 0,
-        prefill_share: float | None = None,
-        retractable: Sequence[R] = (),
-        on_retract: Callable[[R], None] | None = None,
-    ) -> None:
-        """Admit in :meth:`rank` order while slots remain; stop at the first request
-        the GPU cannot hold now; reject one that can never fit and go on.
-
-        Mutates: ``waiting`` and the KV manager.
-        """
-        note_waiting(kv, waiting)
-        if not waiting or free_slots <= 0:
-            return
-        for entry in self.rank(kv, waiting):
-            if free_slots <= 0:
-                break
-            try:
-                admission = kv.try_admit(admission_of(entry))
-            except ValueError as exc:
-                waiting.remove(entry)
-                on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
-                continue
-            if admission is None:
-                break
-            waiting.remove(entry)
-            free_slots -= 1
-            on_admit(entry, admission)

@@ -293,7 +293,7 @@ def test_the_schedulers_shortcuts_leave_every_figure_as_trying_each_request_does
     hover load every request is admitted in the same step, with the same hits, as when
     each queued request goes through ``try_admit``'s full path on every step."""
     from pbkv.bench.report import result_record
-    from pbkv.engines import scheduler
+    from pbkv.engines import ranked, workflow_scheduler
     from pbkv.kvmanager import KVManager
 
     config = BenchConfig(
@@ -315,8 +315,9 @@ def test_the_schedulers_shortcuts_leave_every_figure_as_trying_each_request_does
     with monkeypatch.context() as m:
         m.setattr(KVManager, "_refused_as_is", lambda *a: False)
         m.setattr(KVManager, "refusals", lambda self, requests, retired_only=False: set())
-        m.setattr(scheduler._Quiet, "same_as", lambda self, other: False)
-        m.setattr(scheduler, "_same", lambda a, b: False)  # every cache and skip misses
+        m.setattr(ranked._Quiet, "same_as", lambda self, other: False)
+        for module in (ranked, workflow_scheduler):  # every cache and skip misses
+            m.setattr(module, "_same", lambda a, b: False)
         slow = rows()
     assert fast == slow
 
@@ -333,7 +334,7 @@ def test_a_quiet_call_skipped_across_chunk_commits_leaves_every_figure(
     on contested loads (lru and pbkv on balanced batches) every row's figures are those
     of the path that runs every call in full, and the skip fires across commits."""
     from pbkv.bench.report import result_record
-    from pbkv.engines import scheduler
+    from pbkv.engines import ranked
 
     config = BenchConfig(
         app=app,
@@ -351,7 +352,7 @@ def test_a_quiet_call_skipped_across_chunk_commits_leaves_every_figure(
         return [{k: v for k, v in result_record(r).items() if k not in ("wall_s", "cpu_s")}
                 for r in results]  # fmt: skip
 
-    same_as = scheduler._Quiet.same_as
+    same_as = ranked._Quiet.same_as
     across = 0
 
     def counted(self, other):
@@ -361,10 +362,10 @@ def test_a_quiet_call_skipped_across_chunk_commits_leaves_every_figure(
         return hit
 
     with monkeypatch.context() as m:
-        m.setattr(scheduler._Quiet, "same_as", counted)
+        m.setattr(ranked._Quiet, "same_as", counted)
         fast = rows()
     assert across > 1000, across
     with monkeypatch.context() as m:
-        m.setattr(scheduler._Quiet, "same_as", lambda self, other: False)
+        m.setattr(ranked._Quiet, "same_as", lambda self, other: False)
         slow = rows()
     assert fast == slow
