@@ -346,23 +346,23 @@ async def serve_beside_a_failing_request(
         return entry.request.request_id == "bad" and len(entry.output) >= 2
 
     if fail_in == "sample":
-        sample = engine._sample
+        sample = engine.worker._sample
 
         def failing_sample(entry, logits, argmax):
             if is_bad(entry):
                 raise RuntimeError("probability tensor contains nan")
             return sample(entry, logits, argmax)
 
-        monkeypatch.setattr(engine, "_sample", failing_sample)
+        monkeypatch.setattr(engine.worker, "_sample", failing_sample)
     else:
-        forward = engine._forward
+        forward = engine.worker._forward
 
         def failing_forward(rows):  # a packed forward with the bad row, or the row alone
             if any(is_bad(row.entry) for row in rows):
                 raise RuntimeError("CUDA error: device-side assert triggered")
             return forward(rows)
 
-        monkeypatch.setattr(engine, "_forward", failing_forward)
+        monkeypatch.setattr(engine.worker, "_forward", failing_forward)
 
     async def one(rid: str) -> None:
         try:
@@ -465,7 +465,7 @@ async def test_a_failed_step_waits_for_its_issued_copies_before_freeing(
             kv.tree.evict("gpu", kv.config.gpu_capacity_blocks)  # demote: a reload next
             monkeypatch.setattr(engine.pools, "synchronize", spy_synchronize)
             monkeypatch.setattr(kv, "complete_load", spy_complete_load)
-            monkeypatch.setattr(engine, "_forward", failing_forward)
+            monkeypatch.setattr(engine.worker, "_forward", failing_forward)
             errors: list[str] = []
 
             async def caller(rid: str, tokens: tuple[int, ...]) -> None:
