@@ -38,7 +38,13 @@ import trio
 from rich.table import Table
 
 from pbkv.actors.workflow import WorkflowOutcome
-from pbkv.bench.compare import BenchConfig, PolicyResult, gpu_tokens_for, summarise_outcomes
+from pbkv.bench.compare import (
+    BenchConfig,
+    PolicyResult,
+    gpu_tokens_for,
+    resolve_spec,
+    summarise_outcomes,
+)
 from pbkv.examples.live_codegen import REPORT_CHARS, live_codegen_app, live_codegen_tasks
 from pbkv.kvmanager import KVStatistics, get_policy
 from pbkv.live import LiveTask, RuntimeConfig, build_engine, open_runtime, serve_app
@@ -72,7 +78,9 @@ class DemoConfig:
     Args:
         model: ``smollm2``, ``tiny`` (random weights: every test fails) or a checkpoint
             directory.
-        policies: compared on the same tasks, in this order.
+        policies: compared on the same tasks, in this order: a policy name, or
+            ``policy:scheduler`` as the bench names rows (``pbkv:fcfs``); a bare name
+            runs its default scheduler (``pbkv``: ``workflow``, the others ``fcfs``).
         workflows: tasks served (cycling through the app's problems).
         concurrency: workflows in flight at once (closed loop).
         gpu_kv_tokens: GPU KV tier; ``None`` = sized from a dry run (see module doc).
@@ -104,7 +112,8 @@ class DemoConfig:
     repeats: int = 1
 
     def __post_init__(self) -> None:
-        for name in self.policies:
+        for spec in self.policies:
+            name, _ = resolve_spec(spec)
             get_policy(name)
         if not self.policies:
             raise ValueError("policies must name at least one policy")
@@ -143,8 +152,9 @@ class WorkflowPath:
 
 @dataclass(frozen=True, slots=True)
 class DemoRun:
-    """One policy's run: the bench summary (wall-clock seconds; ``cpu_s`` the process's
-    CPU time), each workflow's path, the engine's counters, and which repeat it was."""
+    """One policy's run (``policy`` as :attr:`DemoConfig.policies` names it): the bench
+    summary (wall-clock seconds; ``cpu_s`` the process's CPU time), each workflow's path,
+    the engine's counters, and which repeat it was."""
 
     policy: str
     result: PolicyResult
@@ -194,7 +204,7 @@ def run_demo(
     runtime = RuntimeConfig(
         engine="torch",
         model=cfg.model,
-        policy=cfg.policies[0],
+        policy=resolve_spec(cfg.policies[0])[0],
         block_size=cfg.block_size,
         max_batch_size=cfg.concurrency,
         device=cfg.device,
@@ -211,8 +221,10 @@ def run_demo(
         shift = repeat % len(policies)
         for policy in policies[shift:] + policies[:shift]:
             callback = None if on_outcome is None else (lambda o, p=policy: on_outcome(p, o))
-            run = _run_policy(replace(runtime, policy=policy), lm, cfg, tasks, callback, trace_sink)
-            runs.append(replace(run, repeat=repeat))
+            name, scheduler = resolve_spec(policy)
+            row = replace(runtime, policy=name, scheduler=scheduler)
+            run = _run_policy(row, lm, cfg, tasks, callback, trace_sink)
+            runs.append(replace(run, policy=policy, repeat=repeat))
     return DemoResult(
         model=cfg.model,
         device=str(next(lm.parameters()).device),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rich.console import Console
 
 from pbkv.bench.compare import PolicyResult
@@ -88,3 +89,35 @@ def test_the_gain_is_above_the_noise_only_when_the_runs_do_not_overlap() -> None
         and "10.0 [9.5–10.5]" in text
         and "0.80 [0.79–0.81]" in text
     )
+
+
+def test_a_demo_row_may_name_its_scheduler_as_the_bench_does() -> None:
+    assert DemoConfig(policies=("lru", "pbkv:fcfs", "lru:workflow")).policies[1] == "pbkv:fcfs"
+    with pytest.raises(ValueError, match="unknown scheduler 'nope'; known: fcfs"):
+        DemoConfig(policies=("pbkv:nope",))
+    with pytest.raises(ValueError, match="unknown policy"):
+        DemoConfig(policies=("nope:fcfs",))
+
+
+def test_each_row_runs_the_scheduler_its_spec_names() -> None:
+    """``pbkv:fcfs`` serves pbkv's policy with FCFS admission, a bare ``pbkv`` its
+    default ``workflow``; each run is reported under its spec."""
+    import torch
+
+    from pbkv.demo import run_demo
+    from pbkv.engines.torchengine import load_model
+
+    torch.manual_seed(0)
+    config = DemoConfig(
+        model="tiny",
+        policies=("pbkv:fcfs", "pbkv"),
+        workflows=2,
+        concurrency=2,
+        code_tokens=8,
+        context_tokens=0,
+    )
+    demo = run_demo(config, model=load_model("tiny", device="cpu"))
+    assert [(r.policy, r.result.policy, r.result.scheduler) for r in demo.runs] == [
+        ("pbkv:fcfs", "pbkv", "fcfs"),
+        ("pbkv", "pbkv", "workflow"),
+    ]
