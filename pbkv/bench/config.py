@@ -9,7 +9,7 @@ from pbkv.live.build import DEFAULT_HOST_TIER, ONLINE_PREDICTOR, default_schedul
 
 DEFAULT_POLICIES = ("lru", "lru:fcfs-balanced", "lru:workflow", "pbkv")
 """The rows that split pbkv's gain over ``lru`` into batching, admission and the cache
-policy (each row adds one part; see :func:`pbkv.bench.report.gain_decomposition`)."""
+policy (each row adds one part; see :func:`pbkv.bench.gains.gain_decomposition`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from pbkv.bench.report import ratio  # noqa: E402
+from pbkv.bench.figures import ratio  # noqa: E402
 from pbkv.bench.results import PolicyResult, baseline_result  # noqa: E402
 from pbkv.bench.sweeps import SweepPoint  # noqa: E402
 

@@ -1,15 +1,16 @@
-"""Render policy comparisons: the terminal table, what won and why, and the JSON file (§9)."""
+"""Render policy comparisons in the terminal (§9): the table of rows, what won and the gain
+by part, the bounds apart, and a sweep's table; each block within :data:`TABLE_WIDTH`
+columns.
+
+The numbers' text is in :mod:`~pbkv.bench.figures`, the gain's split in
+:mod:`~pbkv.bench.gains`, the JSON in :mod:`~pbkv.bench.records`; ``__all__`` re-exports
+the names other code imports from here.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import shlex
 from collections.abc import Sequence
-from itertools import pairwise
-from pathlib import Path
 
-import msgspec
 from rich import box
 from rich.console import Group, RenderableType
 from rich.constrain import Constrain
@@ -18,6 +19,23 @@ from rich.text import Text
 
 from pbkv.bench.compare import FLOOR_SPEC
 from pbkv.bench.config import BenchConfig
+from pbkv.bench.figures import figure_text, ratio_text
+from pbkv.bench.gains import (
+    ADMISSION,
+    BATCHING,
+    CACHE_POLICY,
+    EVICTION,
+    GAIN_LADDER,
+    HE_ROW,
+    PREFETCH,
+    GainDecomposition,
+    GainPart,
+    fastest_result,
+    gain_decomposition,
+    is_pbkv,
+    strongest_baseline,
+)
+from pbkv.bench.records import result_record, write_json, write_sweep_json
 from pbkv.bench.results import (
     END_REASONS,
     BenchRun,
@@ -28,60 +46,38 @@ from pbkv.bench.results import (
 )
 from pbkv.bench.sweeps import SweepPoint
 
-
-def ratio(value: float, baseline: float) -> float:
-    """Return ``value / baseline`` (``nan`` when the baseline is zero)."""
-    return value / baseline if baseline else float("nan")
-
+__all__ = [
+    "END_COLUMN",
+    "TABLE_WIDTH",
+    "bounds_table",
+    "comparison_table",
+    "gain_report",
+    "gpu_tier_note",
+    "min_per_row_line",
+    "policy_table",
+    "sim_cost_line",
+    "sweep_bounds_table",
+    "sweep_table",
+    "tail_line",
+    "won_text",
+    # defined elsewhere, imported from here by tests and pbkv.demo
+    "GainDecomposition",
+    "GainPart",
+    "fastest_result",
+    "figure_text",
+    "gain_decomposition",
+    "ratio_text",
+    "result_record",
+    "strongest_baseline",
+    "write_json",
+    "write_sweep_json",
+]
 
 END_COLUMN = "ends"
 """The table's column counting workflows by end reason: end/limit/error/aborted."""
 
-
-def ratio_text(value: float, baseline: float) -> str:
-    """Return ``value / baseline`` as ``"1.234x"``, or ``"n/a"`` when the baseline is zero
-    or either is not a number (no workflow measured; printing ``nanx`` read like a bug)."""
-    if not baseline or math.isnan(value) or math.isnan(baseline):
-        return "n/a"
-    return f"{value / baseline:.3f}x"
-
-
-def figure_text(value: float, digits: int = 2) -> str:
-    """Return ``value`` with ``digits`` decimals, or ``"n/a"`` for ``nan`` (a mean over no
-    measured workflow, e.g. when every one ended in error)."""
-    return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
-
-
 TABLE_WIDTH = 100
 """Columns a bench table fits in, with the blocks printed under it."""
-
-BATCHING, ADMISSION, EVICTION, PREFETCH = "batching", "admission", "eviction", "prefetch"
-CACHE_POLICY = "cache policy"
-"""A part's name when one step spans eviction and prefetch (no ``he:workflow`` row)."""
-
-GAIN_LADDER: tuple[str, ...] = (
-    "lru:fcfs",
-    "lru:fcfs-balanced",
-    "lru:workflow",
-    "he:workflow",
-    "pbkv:workflow",
-)
-"""The rows the gain over ``lru`` is decomposed along; ``GAIN_PARTS[i]`` is the step
-from row ``i`` to row ``i + 1``, so each step changes one thing."""
-
-GAIN_PARTS: tuple[str, ...] = (BATCHING, ADMISSION, EVICTION, PREFETCH)
-"""What each step of :data:`GAIN_LADDER` measures: balanced (stall-free) batches, the
-``workflow`` scheduler's admission, forecast-scored eviction (``he``), and what pbkv adds
-to ``he`` (prefetch, queued prefixes and workflow age in the eviction key)."""
-
-GAIN_ASIDES: tuple[tuple[str, str, str], ...] = (
-    ("eviction on fcfs", "lru:fcfs", "he:fcfs"),
-    ("cache policy on fcfs", "lru:fcfs", "pbkv:fcfs"),
-)
-"""(name, from row, to row): a cache policy's gain without the ``workflow`` scheduler,
-reported when both rows ran; not a part of the product."""
-
-_HE_ROW = "he:workflow"
 
 _PART_NOTES = {
     BATCHING: "stall-free batches (vLLM V1); any engine",
@@ -90,150 +86,6 @@ _PART_NOTES = {
     PREFETCH: "pbkv over he: prefetch, queued prefixes, age",
     CACHE_POLICY: "eviction + prefetch",
 }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GainPart:
-    """One part of the gain: the latency ratio between two rows of one bench.
-
-    Attributes:
-        name: what the step changes (``batching``, ``admission``, ``eviction``,
-            ``prefetch``, ``cache policy``; parts a missing row leaves unsplit are
-            joined with `` + ``).
-        from_row / to_row: the ``policy:scheduler`` rows compared.
-        speedup: ``from_row``'s mean workflow latency over ``to_row``'s; ``None`` when
-            either row did not run (``nan`` when either measured no workflow).
-        missing: the rows the bench lacks: for a measured part, those that would split
-            it further; otherwise, those it needs.
-    """
-
-    name: str
-    from_row: str
-    to_row: str
-    speedup: float | None
-    missing: tuple[str, ...] = ()
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class GainDecomposition:
-    """The gain of pbkv over lru, split into its parts along :data:`GAIN_LADDER`.
-
-    Attributes:
-        reference / target: the ladder's first and last rows (``lru:fcfs``,
-            ``pbkv:workflow``).
-        total_speedup: ``reference``'s mean latency over ``target``'s (``None`` when
-            either did not run); the product of the measured ``parts`` when both ran.
-        parts: one per step of the ladder, in order; steps between two rows that ran,
-            with no ladder row between them that ran, form one part.
-        asides: the :data:`GAIN_ASIDES` whose rows both ran.
-        strongest_baseline: the fastest row whose policy is not pbkv's (``None``: none
-            measured a latency); see :func:`strongest_baseline`.
-        fastest: the fastest row of all (``None``: none measured a latency).
-    """
-
-    reference: str
-    target: str
-    total_speedup: float | None
-    parts: tuple[GainPart, ...]
-    asides: tuple[GainPart, ...]
-    strongest_baseline: str | None
-    fastest: str | None
-
-
-def is_pbkv(result: PolicyResult) -> bool:
-    """Return whether a row runs one of pbkv's policies (``pbkv`` or ``pbkv-*``)."""
-    return result.policy == "pbkv" or result.policy.startswith("pbkv-")
-
-
-def fastest_result(results: Sequence[PolicyResult]) -> PolicyResult | None:
-    """Return the row with the lowest mean latency (the first of equals), ignoring rows
-    that measured none; ``None`` if no row did."""
-    measured = [r for r in results if not math.isnan(r.mean_latency_s)]
-    return min(measured, key=lambda r: r.mean_latency_s, default=None)
-
-
-def strongest_baseline(results: Sequence[PolicyResult]) -> PolicyResult | None:
-    """Return the strongest baseline: the fastest row (by mean latency) whose policy is
-    not pbkv's (:func:`is_pbkv`); ``None`` if no such row measured a latency."""
-    return fastest_result([r for r in results if not is_pbkv(r)])
-
-
-def gain_decomposition(results: Sequence[PolicyResult]) -> GainDecomposition:
-    """Split the gain of ``pbkv:workflow`` over ``lru:fcfs`` into the parts the rows allow.
-
-    The steps are those of :data:`GAIN_LADDER`; without an ``he:workflow`` row, eviction
-    and prefetch are one step, ``cache policy``. Each part is a latency ratio between two
-    ladder rows that ran; where a ladder row is missing, the steps beside it form one
-    part, which names the missing row. Steps before the first or after the last ladder
-    row that ran are not measured (``speedup`` is ``None``). The first row of each
-    ``policy:scheduler`` counts.
-
-    Args:
-        results: one bench's rows, in any order.
-
-    Returns:
-        The decomposition; its measured parts multiply to ``total_speedup``.
-    """
-    latency: dict[str, float] = {}
-    for r in results:
-        latency.setdefault(row_name(r), r.mean_latency_s)
-    ladder, names = _ladder(latency)
-    ran = [i for i, row in enumerate(ladder) if row in latency]
-    first, last = (ran[0], ran[-1]) if ran else (len(names), len(names))
-    parts = [
-        *(_unmeasured_part(ladder, names, i, latency) for i in range(first)),
-        *(_measured_part(ladder, names, a, b, latency) for a, b in pairwise(ran)),
-        *(_unmeasured_part(ladder, names, i, latency) for i in range(last, len(names))),
-    ]
-    asides = [
-        GainPart(name, a, b, _speedup(a, b, latency))
-        for name, a, b in GAIN_ASIDES
-        if a in latency and b in latency
-    ]
-    baseline, fastest = strongest_baseline(results), fastest_result(results)
-    return GainDecomposition(
-        reference=ladder[0],
-        target=ladder[-1],
-        total_speedup=_speedup(ladder[0], ladder[-1], latency),
-        parts=tuple(parts),
-        asides=tuple(asides),
-        strongest_baseline=None if baseline is None else row_name(baseline),
-        fastest=None if fastest is None else row_name(fastest),
-    )
-
-
-def _ladder(latency: dict[str, float]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Return the ladder's rows and step names: :data:`GAIN_LADDER`, or without its
-    ``he:workflow`` row (eviction and prefetch as one step) when that row did not run."""
-    if _HE_ROW in latency:
-        return GAIN_LADDER, GAIN_PARTS
-    he = GAIN_LADDER.index(_HE_ROW)
-    return (*GAIN_LADDER[:he], *GAIN_LADDER[he + 1 :]), (*GAIN_PARTS[: he - 1], CACHE_POLICY)
-
-
-def _speedup(a: str, b: str, latency: dict[str, float]) -> float | None:
-    """Return row ``a``'s mean latency over row ``b``'s, ``None`` if either did not run."""
-    return ratio(latency[a], latency[b]) if a in latency and b in latency else None
-
-
-def _measured_part(
-    ladder: Sequence[str], names: Sequence[str], a: int, b: int, latency: dict[str, float]
-) -> GainPart:
-    """Return steps ``a..b-1`` as one part, between ladder rows ``a`` and ``b`` (both ran);
-    it names the rows that would split it (``he:workflow`` for the cache policy)."""
-    missing = tuple(ladder[a + 1 : b])
-    if CACHE_POLICY in names[a:b]:
-        missing += (_HE_ROW,)
-    name = " + ".join(names[a:b])
-    return GainPart(name, ladder[a], ladder[b], _speedup(ladder[a], ladder[b], latency), missing)
-
-
-def _unmeasured_part(
-    ladder: Sequence[str], names: Sequence[str], i: int, latency: dict[str, float]
-) -> GainPart:
-    """Return step ``i`` as not measured, naming which of its two rows did not run."""
-    rows = (ladder[i], ladder[i + 1])
-    return GainPart(names[i], *rows, None, tuple(r for r in rows if r not in latency))
 
 
 def comparison_table(
@@ -269,7 +121,7 @@ def policy_table(results: Sequence[PolicyResult], title: str, time_unit: str = "
     """Build the table of policy rows: latencies, hit rates, work, speedups, ends.
 
     Speedup is the mean workflow latency of the ``vs lru`` row (the first ``lru`` row,
-    else the first row: :func:`~pbkv.bench.compare.baseline_result`) or of the strongest
+    else the first row: :func:`~pbkv.bench.results.baseline_result`) or of the strongest
     baseline (:func:`strongest_baseline`) over the row's. ``recomputed tok`` counts the
     prompt tokens prefilled; ``retracted`` (shown when a row retracted) the running
     requests paused to admit another (§7.0); ``ends`` the workflows by end reason. The
@@ -353,7 +205,7 @@ def gain_report(results: Sequence[PolicyResult], time_unit: str = "s") -> Render
             verdict,
             Text(
                 f"gain by part: needs the rows {', '.join(GAIN_LADDER[:3])} and "
-                f"{GAIN_LADDER[-1]} ({_HE_ROW} splits the cache policy)"
+                f"{GAIN_LADDER[-1]} ({HE_ROW} splits the cache policy)"
             ),
         )
     table = _plain_table(f"the gain over {gains.reference}, by part (latency ratios)")
@@ -418,7 +270,7 @@ def bounds_table(results: Sequence[PolicyResult], bounds: Bounds, time_unit: str
 
     Headroom is the bound's hit rate over the row's, or the row's mean latency over the
     bound's (1.000x: at the bound). ``uncontested`` is a reference, not a bound
-    (:class:`~pbkv.bench.compare.Bounds`).
+    (:class:`~pbkv.bench.results.Bounds`).
     """
     b = bounds
     base = baseline_result(results)
@@ -520,53 +372,6 @@ def sim_cost_line(results: Sequence[PolicyResult]) -> str:
     return "simulation CPU (ratio to " + f"{base.policy}:{base.scheduler}): " + "; ".join(parts)
 
 
-def result_record(r: PolicyResult, *, timeline: bool = True) -> dict[str, object]:
-    """Return one policy result as a JSON-ready mapping (KV statistics included).
-
-    ``timeline=False`` leaves out the per-invocation hit timeline (large; sweeps don't
-    plot it).
-    """
-    fields = (f.name for f in dataclasses.fields(r))
-    return {name: getattr(r, name) for name in fields if timeline or name != "hit_timeline"}
-
-
-def command_line(argv: Sequence[str] | None) -> str:
-    """Return the command that reproduces a run: ``pbkv`` and its arguments ``argv``."""
-    if not argv:
-        return ""
-    return " ".join(["pbkv", *(shlex.quote(a) for a in argv)])
-
-
-def write_json(
-    path: str | Path,
-    config: BenchConfig,
-    gpu_kv_tokens: int,
-    results: Sequence[PolicyResult],
-    argv: Sequence[str] | None = None,
-    run: BenchRun | None = None,
-) -> None:
-    """Write the command, config, GPU capacity used, every result, the gain by part
-    (``decomposition``: :func:`gain_decomposition`) and the bounds as JSON.
-
-    With ``run``, adds the top-level ``bounds`` object and how the GPU tier was sized
-    (``wanted_gpu_kv_tokens``, ``profile_kv_tokens``, ``gpu_kv_capped``).
-    """
-    payload: dict[str, object] = {
-        "kind": "bench",
-        "command": command_line(argv),
-        "config": config,
-        "gpu_kv_tokens": gpu_kv_tokens,
-        "results": [result_record(r) for r in results],
-        "decomposition": gain_decomposition(results),
-    }
-    if run is not None:
-        payload["wanted_gpu_kv_tokens"] = run.wanted_gpu_kv_tokens
-        payload["profile_kv_tokens"] = run.profile_kv_tokens
-        payload["gpu_kv_capped"] = run.gpu_kv_capped
-        payload["bounds"] = run.bounds
-    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))
-
-
 def sweep_table(points: Sequence[SweepPoint], title: str) -> RenderableType:
     """Build the sweep: one row per value and policy, speedups against that value's
     ``vs lru`` row and its strongest baseline (as :func:`policy_table`), and, apart, the
@@ -635,30 +440,3 @@ def sweep_bounds_table(points: Sequence[SweepPoint]) -> Table:
             ),
         )  # fmt: skip
     return table
-
-
-def write_sweep_json(
-    path: str | Path,
-    config: BenchConfig,
-    points: Sequence[SweepPoint],
-    argv: Sequence[str] | None = None,
-) -> None:
-    """Write the command, config and each point's results and gain by part as JSON."""
-    payload = {
-        "kind": "sweep",
-        "command": command_line(argv),
-        "config": config,
-        "parameter": points[0].parameter,
-        "points": [
-            {
-                "value": p.value,
-                "gpu_kv_tokens": p.gpu_kv_tokens,
-                "hit_rate_spread": p.hit_rate_spread,
-                "bounds": p.bounds,
-                "results": [result_record(r, timeline=False) for r in p.results],
-                "decomposition": gain_decomposition(p.results),
-            }
-            for p in points
-        ],
-    }
-    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))

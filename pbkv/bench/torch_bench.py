@@ -440,7 +440,7 @@ def engine_lines(run: TorchBench) -> list[Text]:
 
 def bench_record(run: TorchBench) -> dict[str, object]:
     """Return the bench as a JSON-ready mapping: config, tiers, and every run."""
-    from pbkv.bench.report import result_record
+    from pbkv.bench.records import result_record
 
     return {
         "kind": "torch-bench",

@@ -96,7 +96,7 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
 
 
 def _run_bench(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.report import write_json
+    from pbkv.bench.records import write_json
 
     check_writable(args.json_path)
     config = config_from(args)
@@ -150,7 +150,8 @@ _SWEEP_DEFAULTS: dict[str, list[float]] = {
 
 def _run_sweep(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.plots import plot_sweep
-    from pbkv.bench.report import sweep_table, write_sweep_json
+    from pbkv.bench.records import write_sweep_json
+    from pbkv.bench.report import sweep_table
     from pbkv.bench.sweeps import sweep
 
     out = Path(args.out_dir)

@@ -73,7 +73,8 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 
 def _run_demo(args: argparse.Namespace, console: Console) -> int:
     from pbkv.actors.traces import TraceRecorder
-    from pbkv.bench.report import command_line, comparison_table
+    from pbkv.bench.records import command_line
+    from pbkv.bench.report import comparison_table
     from pbkv.demo import (
         DemoConfig,
         demo_record,

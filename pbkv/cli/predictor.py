@@ -195,7 +195,7 @@ def _run_train(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.report import command_line
+    from pbkv.bench.records import command_line
     from pbkv.predictor_commands import eval_predictor
 
     names = [n.strip() for n in args.predictors.split(",") if n.strip()]
@@ -243,7 +243,7 @@ def _run_eval_predictor(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run_bench_predictor(args: argparse.Namespace, console: Console) -> int:
-    from pbkv.bench.report import command_line
+    from pbkv.bench.records import command_line
     from pbkv.predictor_commands import bench_predictor
 
     check_writable(args.json_path)
