@@ -106,7 +106,7 @@ def run_bench(
 
     for spec in config.policies:
         resolve_spec(spec, config.scheduler)
-    app = get_app(config.app)
+    app = get_app(config.app, gap_model=config.gap_model)
     if getattr(app, "open_loop", False):  # a trace with arrival times (mooncake)
         config = dataclasses.replace(config, open_loop=True)
     workload = app.generate(config.workflows, config.seed)

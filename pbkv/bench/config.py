@@ -61,6 +61,8 @@ class BenchConfig:
             second finishing within it).
         gap_scale: factor on every tool and think gap of the workload (real agents wait
             seconds to minutes on tools and users; the runtime scales the same way).
+        gap_model: the gaps a bundled app draws: ``bundled`` (its own) or ``cited``
+            (documented tool latencies and think times, :mod:`pbkv.examples.gaps`).
     """
 
     app: str = "codegen"
@@ -87,6 +89,7 @@ class BenchConfig:
     load: float | None = None
     slo_s: float | None = None
     gap_scale: float = 1.0
+    gap_model: str = "bundled"
 
 
 def resolve_spec(spec: str, scheduler: str | None = None) -> tuple[str, str]:

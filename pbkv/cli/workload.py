@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pbkv.cli.arguments import APP_HELP, policy_specs, positive_int
+from pbkv.examples.gaps import GAP_MODELS
 
 
 def add_workload_options(p: argparse.ArgumentParser) -> None:
@@ -67,6 +68,13 @@ def add_workload_options(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="factor on every tool and think gap of the workload (e.g. 10: agents wait ten "
         "times longer on tools and users)",
+    )
+    p.add_argument(
+        "--gap-model",
+        choices=GAP_MODELS,
+        default="bundled",
+        help="the gaps a bundled app draws: its own (bundled) or documented tool latencies "
+        "and think times (cited; sources in docs/gaps.md)",
     )
     p.add_argument(
         "--slo-s",
@@ -170,6 +178,7 @@ def config_from(args: argparse.Namespace):  # -> BenchConfig
         load=args.load,
         slo_s=args.slo_s,
         gap_scale=args.gap_scale,
+        gap_model=args.gap_model,
         seed=args.seed,
         predictor=args.predictor,
         train_workflows=args.train_workflows,
