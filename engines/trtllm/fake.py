@@ -26,7 +26,7 @@ upstream file named here (``cpp/tensorrt_llm/batch_manager/`` unless said otherw
 - token ranges map to blocks by each block's first token
   (``cpp/tensorrt_llm/executor/kvCacheRetentionConfig.cpp``);
 - per level, 101 free queues (one per priority), LRU inside; a free block is taken from
-  the front of the lowest non-empty queue (``evictionPolicy.cpp``);
+  the front of the lowest non-empty queue (``evictionPolicy.cpp``; :mod:`.fake_queues`);
 - a GPU victim with priority ≥ 30 is offloaded when the host can take it (keeps its
   priority, loses its duration, ``updated`` 0→1); otherwise it is dropped **with its
   subtree**, children listed first in ``removed`` (``getFreeBlock``, ``freeChildren``);
@@ -37,12 +37,8 @@ upstream file named here (``cpp/tensorrt_llm/batch_manager/`` unless said otherw
   sequence minus its last token, **the trailing partial block included**, is stored with
   the blocks' own priorities, decode blocks at the decode priority
   (``WindowBlockManager::releaseBlocks``/``storeBlocks``); blocks are released last first;
-- events carry consecutive ids in the ``KVCacheEventSerializer`` dict schema
-  (``tensorrt_llm/_utils.py``); they are flushed once per iteration into a ring of
-  ``event_buffer_max_size`` that drops the oldest on overflow (``kvCacheEventManager.cpp``);
-  consecutive removes of one window are batched; with ``late_removals`` (1.2.x) an
-  iteration's removes are flushed after its other events, so a ``removed(h)`` can follow
-  the re-store of ``h`` (main orders them first since PR #11883, 2026-03);
+- events as the engine queues them, flushed once per iteration into a ring that drops
+  the oldest on overflow, an iteration's removes last in 1.2.x (:mod:`.fake_events`);
 - models with several attention windows: each extra window's events are copies of the
   main window's (same pool size, same keys), and per-request metrics are summed over
   windows, as ``KVCacheManager::addSequence`` sums the manager counters;
@@ -56,20 +52,36 @@ and a queue's front is taken even when it has children.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from pbkv.engines.trtllm.api import DEFAULT_PRIORITY, OFFLOAD_MIN_PRIORITY
+from pbkv.engines.trtllm.api import DEFAULT_PRIORITY
 from pbkv.engines.trtllm.blockkey import block_key_hash, cache_salt_id, prompt_block_hashes
+from pbkv.engines.trtllm.fake_events import (
+    EventQueue,
+    created_event,
+    removed_event,
+    stored_event,
+    updated_event,
+)
+from pbkv.engines.trtllm.fake_queues import FreeQueues
+from pbkv.engines.trtllm.fake_records import (
+    GPU,
+    HOST,
+    Block,
+    BlockManagerConfig,
+    FakeCounters,
+    GenerationSequence,
+    Key,
+    KvCacheMetrics,
+    block_hash,
+    per_block_retention,
+    seconds,
+)
 
 log = logging.getLogger(__name__)
-
-GPU, HOST = 0, 1
 
 __all__ = [
     "GPU",
@@ -81,140 +93,6 @@ __all__ = [
     "per_block_retention",
     "prompt_block_hashes",
 ]
-
-
-def block_hash(tokens: Sequence[int], parent_hash: int | None, cache_salt: str = "") -> int:
-    """Return the engine's hash of one block under ``parent_hash`` (``None``: the root).
-
-    The cache salt enters the first block's hash only, so every later block differs too
-    (``BlockKeyHasher::hash``; see :func:`pbkv.engines.trtllm.blockkey.block_key_hash`).
-    """
-    return block_key_hash(tokens, parent_hash or 0, cache_salt_id(cache_salt))
-
-
-@dataclass(frozen=True, slots=True)
-class BlockManagerConfig:
-    """Sizes and switches of the fake, named after ``KvCacheConfig`` fields.
-
-    Args:
-        tokens_per_block: page size.
-        gpu_blocks / host_blocks: blocks per cache level (``host_cache_size`` in blocks).
-        event_buffer_max_size: KV-event ring size; 0 disables events.
-        onboard_blocks: allow host→GPU onboarding (False also stops offloading, as V1).
-        secondary_offload_min_priority: fixed at 30 in 1.2's PyTorch backend.
-        enable_partial_reuse / copy_on_partial_reuse: ``KvCacheConfig``'s (both on by default).
-        window_size: the attention window reported in the events' envelope.
-        extra_window_sizes: other attention windows of the model (VSWA); their events
-            are copies of the main window's.
-        late_removals: 1.2.x event order (an iteration's removes after its other events).
-    """
-
-    tokens_per_block: int = 32
-    gpu_blocks: int = 1024
-    host_blocks: int = 0
-    event_buffer_max_size: int = 1024
-    onboard_blocks: bool = True
-    secondary_offload_min_priority: int = OFFLOAD_MIN_PRIORITY
-    enable_partial_reuse: bool = True
-    copy_on_partial_reuse: bool = True
-    window_size: int = 1 << 20
-    extra_window_sizes: tuple[int, ...] = ()
-    late_removals: bool = True
-
-    def __post_init__(self) -> None:
-        if self.tokens_per_block < 1 or self.gpu_blocks < 1 or self.host_blocks < 0:
-            raise ValueError(f"bad block manager sizes: {self}")
-        if self.window_size in self.extra_window_sizes:
-            raise ValueError(f"extra_window_sizes repeats the main window {self.window_size}")
-
-    @property
-    def window_sizes(self) -> tuple[int, ...]:
-        """Every window, ascending (the order the engine's managers emit in)."""
-        return tuple(sorted({self.window_size, *self.extra_window_sizes}))
-
-
-Key = tuple[int | None, tuple[int, ...]]  # (cache salt id, tokens): a child's name
-
-
-@dataclass(eq=False, slots=True)
-class Block:
-    """One KV block: in the radix tree once stored, else private to its sequence."""
-
-    block_id: int
-    tokens: tuple[int, ...] = ()
-    salt: int | None = None
-    hash: int = 0
-    parent: Block | None = None
-    children: dict[Key, Block] = field(default_factory=dict)
-    in_tree: bool = False
-    level: int = GPU
-    priority: int = DEFAULT_PRIORITY
-    duration_s: float | None = None
-    expiry_s: float | None = None
-    ref_count: int = 0
-    release_seq: int = 0
-    level_children: list[int] = field(default_factory=lambda: [0, 0])
-
-    @property
-    def key(self) -> Key:
-        return (self.salt, self.tokens)
-
-    @property
-    def free(self) -> bool:
-        """In the tree with no reference: sits in a free queue."""
-        return self.in_tree and self.ref_count == 0
-
-    @property
-    def leaf(self) -> bool:
-        """No child at this block's own cache level (eviction takes leaves only)."""
-        return self.level_children[self.level] == 0
-
-
-@dataclass(frozen=True, slots=True)
-class KvCacheMetrics:
-    """``request_perf_metrics.kv_cache_metrics`` of one request (upstream field names),
-    summed over attention windows as upstream sums them."""
-
-    num_total_allocated_blocks: int
-    num_new_allocated_blocks: int
-    num_reused_blocks: int
-    num_missed_blocks: int
-    kv_cache_hit_rate: float
-
-
-@dataclass(eq=False, slots=True)
-class GenerationSequence:
-    """A running request's blocks (``GenerationRequest`` upstream).
-
-    ``cached_tokens`` is the prompt tokens matched at admission, partial matches
-    included (``prepopulatedPromptLen``).
-    """
-
-    request_id: int
-    tokens: list[int]
-    prompt_tokens: int
-    salt: int | None
-    blocks: list[Block]
-    decode_priority: int
-    decode_duration_s: float | None
-    metrics: KvCacheMetrics
-    cached_tokens: int
-    onboarded_blocks: int
-    reserved_blocks: int
-
-
-@dataclass(slots=True)
-class FakeCounters:
-    """Ground truth the real engine does not report (for the bench and tests)."""
-
-    reused_gpu_blocks: int = 0
-    onboarded_blocks: int = 0
-    missed_blocks: int = 0
-    partial_reused_blocks: int = 0
-    offloaded_blocks: int = 0
-    dropped_blocks: int = 0
-    host_evicted_blocks: int = 0
-    events_dropped: int = 0
 
 
 class FakeBlockManager:
@@ -236,55 +114,19 @@ class FakeBlockManager:
         self.tokens_per_block = config.tokens_per_block
         self.num_blocks = (config.gpu_blocks, config.host_blocks)
         self._used = [0, 0]
-        # Free queues: per level, a heap ordered as the 101 FIFO queues are scanned
-        # (priority, then release order), holding free leaves; stale entries are
-        # skipped on pop (see _valid).
-        self._heaps: list[list[tuple[int, int, int, Block]]] = [[], []]
-        self._free_count = [0, 0]
-        self._expiries: list[tuple[float, int, Block]] = []
         self._root = Block(-1, in_tree=True)
+        self._queues = FreeQueues(self._root)
         self._tree: dict[int, Block] = {}  # hash -> block in the tree
         self._sequences: dict[int, GenerationSequence] = {}
         self._reserved = 0
         self._ids = 0
         self._seq = 0
-        self._event_id = 0
-        self._iteration: list[dict[str, Any]] = []  # events of the current iteration
-        self._late_removed: dict[int, list[int]] = {}  # window -> hashes (late_removals)
-        self._events: deque[dict[str, Any]] = deque()  # the flushed ring
+        self._events = EventQueue(config)
         self.counters = FakeCounters()
         for window in config.window_sizes:
-            self._enqueue(
-                {"type": "created", "num_blocks_per_cache_level": list(self.num_blocks)}, window
-            )
+            self._events.enqueue(created_event(self.num_blocks), window)
 
     # -- events -----------------------------------------------------------------------
-
-    def _emit(self, data: dict[str, Any]) -> None:
-        """Queue one event for every attention window (copies for the extra ones)."""
-        if self.config.event_buffer_max_size == 0:
-            return
-        for window in self.config.window_sizes:
-            event = dict(data)
-            if data["type"] == "removed":
-                event["block_hashes"] = list(data["block_hashes"])  # extended in place
-                self._enqueue_removed(event, window)
-            else:
-                self._enqueue(event, window)
-
-    def _enqueue_removed(self, data: dict[str, Any], window: int) -> None:
-        if self.config.late_removals:
-            self._late_removed.setdefault(window, []).extend(data["block_hashes"])
-            return
-        last = self._iteration[-1] if self._iteration else None
-        if last and last["window_size"] == window and last["data"]["type"] == "removed":
-            last["data"]["block_hashes"].extend(data["block_hashes"])
-        else:
-            self._enqueue(data, window)
-
-    def _enqueue(self, data: dict[str, Any], window: int) -> None:
-        self._iteration.append({"event_id": self._event_id, "data": data, "window_size": window})
-        self._event_id += 1
 
     def flush_iteration_events(self) -> None:
         """End an iteration: move its events into the ring (``flushIterationEvents``).
@@ -292,32 +134,21 @@ class FakeBlockManager:
         With ``late_removals`` the iteration's removes come last, one event per window.
         Mutates: the ring (dropping its oldest events on overflow).
         """
-        for window, hashes in self._late_removed.items():
-            self._enqueue({"type": "removed", "block_hashes": hashes}, window)
-        self._late_removed.clear()
-        size = self.config.event_buffer_max_size
-        dropped = 0
-        for event in self._iteration:
-            if len(self._events) >= size:
-                self._events.popleft()
-                dropped += 1
-            self._events.append(event)
-        self._iteration.clear()
+        dropped = self._events.flush()
         if dropped:
             self.counters.events_dropped += dropped
+            size = self.config.event_buffer_max_size
             log.warning("The event queue has reached the max size of %d; dropping the oldest", size)
 
     def get_latest_events(self) -> list[dict[str, Any]]:
         """Flush the current iteration, then drain and return the ring, oldest first."""
         self.flush_iteration_events()
-        out = list(self._events)
-        self._events.clear()
-        return out
+        return self._events.drain()
 
     @property
     def pending_events(self) -> int:
         """Events flushed to the ring and not yet drained."""
-        return len(self._events)
+        return self._events.pending
 
     # -- queries ----------------------------------------------------------------------
 
@@ -327,7 +158,7 @@ class FakeBlockManager:
 
     def reusable_blocks(self, level: int) -> int:
         """Blocks of ``level`` in the tree with no reference (evictable, eventually)."""
-        return self._free_count[level]
+        return self._queues.free[level]
 
     def lookup(self, h: int) -> Block | None:
         """The block with hash ``h`` in the tree, if any. Does not modify the manager."""
@@ -418,7 +249,7 @@ class FakeBlockManager:
             salt,
             blocks,
             getattr(retention, "decode_retention_priority", DEFAULT_PRIORITY),
-            _seconds(getattr(retention, "decode_duration_ms", None)),
+            seconds(getattr(retention, "decode_duration_ms", None)),
             metrics,
             matched_tokens,
             onboarded,
@@ -447,7 +278,7 @@ class FakeBlockManager:
             matched += n_tokens
             priority, duration_s = per_block[i]
             if priority is not None and block.priority != priority:
-                self._emit(_updated(block.hash, None, (block.priority, priority)))
+                self._events.emit(updated_event(block.hash, None, (block.priority, priority)))
             if is_partial and (block.ref_count > 0 or not block.leaf):
                 block = self._allocate(block.priority, block.duration_s)  # a copy
             else:
@@ -486,7 +317,7 @@ class FakeBlockManager:
         """Take a reference on a block; set its priority if given; always replace its
         duration (``evictionPolicy.cpp::claimBlock``)."""
         if b.ref_count == 0 and b.in_tree:
-            self._free_count[b.level] -= 1
+            self._queues.free[b.level] -= 1
         b.ref_count += 1
         if priority is not None:
             b.priority = priority
@@ -500,7 +331,7 @@ class FakeBlockManager:
         self._take(GPU)
         self._used[HOST] -= 1
         self._move(b, GPU)
-        self._emit(_updated(b.hash, (HOST, GPU), None))
+        self._events.emit(updated_event(b.hash, (HOST, GPU), None))
         return 1
 
     def _allocate(self, priority: int | None, duration_s: float | None) -> Block:
@@ -533,43 +364,20 @@ class FakeBlockManager:
 
     def _victim(self, level: int) -> Block | None:
         """The front of the lowest non-empty priority queue that is a leaf at ``level``."""
-        self.refresh()
-        heap = self._heaps[level]
-        while heap:
-            entry = heap[0]
-            if self._valid(entry, level):
-                return entry[3]
-            heapq.heappop(heap)
-        return None
-
-    @staticmethod
-    def _valid(entry: tuple[int, int, int, Block], level: int) -> bool:
-        priority, seq, _, b = entry
-        return (
-            b.free
-            and b.level == level
-            and b.leaf
-            and b.priority == priority
-            and b.release_seq == seq
-        )
-
-    def _push(self, b: Block) -> None:
-        """Queue ``b`` for eviction if it is a free leaf (its place: priority, release order)."""
-        if b is not self._root and b.free and b.leaf:
-            heapq.heappush(self._heaps[b.level], (b.priority, b.release_seq, b.block_id, b))
+        return self._queues.victim(level, self.clock())
 
     def _move(self, b: Block, level: int) -> None:
         """Change ``b``'s cache level, keeping its parent's per-level child counts."""
         old = b.level
         b.level = level
         if b.free:
-            self._free_count[old] -= 1
-            self._free_count[level] += 1
+            self._queues.free[old] -= 1
+            self._queues.free[level] += 1
         parent = b.parent
         if parent is not None and b.in_tree:
             parent.level_children[old] -= 1
             parent.level_children[level] += 1
-            self._push(parent)
+            self._queues.push(parent)
 
     def _can_offload(self, b: Block) -> bool:
         c = self.config
@@ -586,9 +394,9 @@ class FakeBlockManager:
         b.duration_s = b.expiry_s = None
         self._seq += 1
         b.release_seq = self._seq  # appended to the host queue
-        self._push(b)
+        self._queues.push(b)
         self.counters.offloaded_blocks += 1
-        self._emit(_updated(b.hash, (GPU, HOST), None))
+        self._events.emit(updated_event(b.hash, (GPU, HOST), None))
 
     def _drop(self, b: Block) -> None:
         """Remove ``b`` and its whole subtree from the tree, children first
@@ -598,13 +406,13 @@ class FakeBlockManager:
         evicted_from_host = int(b.level == HOST)
         self.counters.host_evicted_blocks += evicted_from_host
         self.counters.dropped_blocks += len(removed) - evicted_from_host
-        self._emit({"type": "removed", "block_hashes": removed})
+        self._events.emit(removed_event(removed))
 
     def _drop_subtree(self, node: Block, removed: list[int]) -> None:
         for child in list(node.children.values()):
             self._drop_subtree(child, removed)
         assert node.ref_count == 0 and node.in_tree
-        self._free_count[node.level] -= 1
+        self._queues.free[node.level] -= 1
         self._used[node.level] -= 1
         removed.append(node.hash)
         self._unlink(node)
@@ -615,7 +423,7 @@ class FakeBlockManager:
         assert parent is not None
         del parent.children[b.key]
         parent.level_children[b.level] -= 1
-        self._push(parent)
+        self._queues.push(parent)
         if self._tree.get(b.hash) is b:
             del self._tree[b.hash]
         b.in_tree = False
@@ -623,12 +431,7 @@ class FakeBlockManager:
 
     def refresh(self) -> None:
         """Move free blocks whose duration has lapsed back to priority 35."""
-        now = self.clock()
-        while self._expiries and self._expiries[0][0] <= now:
-            expiry, _, b = heapq.heappop(self._expiries)
-            if b.free and b.expiry_s == expiry:
-                b.priority, b.expiry_s, b.duration_s = DEFAULT_PRIORITY, None, None
-                self._push(b)
+        self._queues.refresh(self.clock())
 
     # -- running -------------------------------------------------------------------------
 
@@ -687,13 +490,8 @@ class FakeBlockManager:
             node = b
         if stored:
             parent = stored[0].parent
-            self._emit(
-                {
-                    "type": "stored",
-                    "parent_hash": None if parent is self._root or parent is None else parent.hash,
-                    "blocks": [_stored_block(b) for b in stored],
-                }
-            )
+            parent_hash = None if parent is self._root or parent is None else parent.hash
+            self._events.emit(stored_event(parent_hash, stored))
 
     def _release(self, b: Block) -> None:
         b.ref_count -= 1
@@ -704,11 +502,10 @@ class FakeBlockManager:
             return
         self._seq += 1
         b.release_seq = self._seq
-        self._free_count[b.level] += 1
+        self._queues.free[b.level] += 1
         if b.duration_s is not None and b.priority != DEFAULT_PRIORITY:
-            b.expiry_s = self.clock() + b.duration_s
-            heapq.heappush(self._expiries, (b.expiry_s, b.block_id, b))
-        self._push(b)
+            self._queues.expire_at(b, self.clock() + b.duration_s)
+        self._queues.push(b)
 
     def check_integrity(self) -> None:
         """Assert the conservation law per level: used == tree blocks + private held
@@ -730,28 +527,6 @@ class FakeBlockManager:
             raise AssertionError(f"negative reserve {self._reserved}")
 
 
-def per_block_retention(
-    retention: Any, tokens_per_block: int, num_blocks: int
-) -> list[tuple[int | None, float | None]]:
-    """Return ``(priority, duration_s)`` per prompt block: the range holding the block's
-    first token, ``(None, None)`` where no range does
-    (``kvCacheRetentionConfig.cpp::getPerBlockRetentionPriorityDuration``)."""
-    ranges = list(getattr(retention, "token_range_retention_configs", None) or [])
-    out: list[tuple[int | None, float | None]] = []
-    for i in range(num_blocks):
-        first = i * tokens_per_block
-        hit = next(
-            (
-                r
-                for r in ranges
-                if r.token_start <= first and (r.token_end is None or first < r.token_end)
-            ),
-            None,
-        )
-        out.append((None, None) if hit is None else (hit.priority, _seconds(hit.duration_ms)))
-    return out
-
-
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -759,38 +534,3 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-def _seconds(duration: Any) -> float | None:
-    if duration is None:
-        return None
-    return (
-        duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000
-    )
-
-
-def _diff(old: int, new: int) -> dict[str, Any]:
-    return {"type": "event_diff", "old_value": old, "new_value": new}
-
-
-def _updated(
-    h: int, level: tuple[int, int] | None, priority: tuple[int, int] | None
-) -> dict[str, Any]:
-    """An ``updated`` event: upstream sends a level change and a priority change in
-    separate events, the other field None (``KVCacheUpdatedData``)."""
-    return {
-        "type": "updated",
-        "block_hash": h,
-        "cache_level": None if level is None else _diff(*level),
-        "priority": None if priority is None else _diff(*priority),
-    }
-
-
-def _stored_block(b: Block) -> dict[str, Any]:
-    return {
-        "type": "stored_block",
-        "block_hash": b.hash,
-        "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.tokens],
-        "cache_level": b.level,
-        "priority": b.priority,
-    }
