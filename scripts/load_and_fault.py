@@ -25,7 +25,8 @@ Every request is counted once: ``completed`` (2xx, a stream ending in ``[DONE]``
 client timeout). ``crashes`` counts servers that exited before being asked to, or with
 a non-zero status; a server not gone within its limit after a signal is a hang.
 ``cross_tenant_leaks`` counts checks that saw another tenant's data. A trigger answered
-with another status than expected is listed under ``unexpected``.
+with another status than expected is listed under ``unexpected``. The server, the clients
+and the judging of each request are ``scripts/serve_harness.py``, beside this script.
 
 Bounded: every client has a timeout, every phase a fixed number of requests, every
 server a deadline to exit (then it is killed). ``--short`` (the default, seconds; run by
@@ -38,28 +39,41 @@ Usage: ``python scripts/load_and_fault.py [--long] [--json out.json]``
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import os
 import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-import httpx
+if str(Path(__file__).resolve().parent) not in sys.path:  # serve_harness.py, beside this
+    sys.path.append(str(Path(__file__).resolve().parent))
 
-HOST = "127.0.0.1"
-MODEL = "sim/qwen3-32b"
+from serve_harness import (  # noqa: E402
+    CLIENT_TIMEOUT_S,
+    HOST,
+    KINDS,
+    MODEL,
+    Outcome,
+    Served,
+    Tally,
+    auth,
+    chat_body,
+    connect,
+    count_exit,
+    in_threads,
+    judge_whole,
+    request,
+)
+
 KEYS = {"key-acme": "acme", "key-globex": "globex"}
 ADMIN = "key-admin"
-CLIENT_TIMEOUT_S = 60.0
 ONE_MB = b"a" * 1_000_000
 
 
@@ -79,245 +93,6 @@ SHORT = Sizes(16, 8, 1, 40, 4, 1)
 LONG = Sizes(1500, 32, 10, 2000, 40, 6)
 
 
-class Outcome(NamedTuple):
-    """What one request got: ``kind`` (completed, refused, lost, hang), its status, and
-    the workflow id the server named (``x-pbkv-workflow-id``)."""
-
-    kind: str
-    status: int
-    detail: str = ""
-    workflow_id: str = ""
-    protocol: str = "HTTP/1.1"
-
-
-@dataclass
-class Tally:
-    """Counts of one phase (or all of them)."""
-
-    sent: int = 0
-    completed: int = 0
-    refused: int = 0
-    lost: int = 0
-    hangs: int = 0
-    crashes: int = 0
-    cross_tenant_leaks: int = 0
-    unexpected: list[str] = field(default_factory=list)
-    notes: dict[str, Any] = field(default_factory=dict)
-    ids_by_tenant: dict[str, set[str]] = field(default_factory=dict, repr=False)
-    by_protocol: dict[str, dict[str, int]] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count(self, outcome: Outcome) -> Outcome:
-        with self._lock:
-            self.sent += 1
-            setattr(self, _FIELD[outcome.kind], getattr(self, _FIELD[outcome.kind]) + 1)
-            counts = self.by_protocol.setdefault(outcome.protocol, dict.fromkeys(_KINDS, 0))
-            counts["sent"] += 1
-            counts[_FIELD[outcome.kind]] += 1
-        return outcome
-
-    def expect(self, name: str, outcome: Outcome, *statuses: int) -> Outcome:
-        """Count ``outcome`` and list it as unexpected unless its status is one of
-        ``statuses``."""
-        self.count(outcome)
-        if outcome.status not in statuses:
-            with self._lock:
-                self.unexpected.append(f"{name}: got {outcome.status} {outcome.detail}")
-        return outcome
-
-    def leak(self, what: str) -> None:
-        with self._lock:
-            self.cross_tenant_leaks += 1
-            self.unexpected.append(f"cross-tenant leak: {what}")
-
-    def figures(self) -> dict[str, Any]:
-        return {
-            name: getattr(self, name)
-            for name in (
-                "sent",
-                "completed",
-                "refused",
-                "lost",
-                "hangs",
-                "crashes",
-                "cross_tenant_leaks",
-                "unexpected",
-                "notes",
-                "by_protocol",
-            )
-        }
-
-
-_FIELD = {"completed": "completed", "refused": "refused", "lost": "lost", "hang": "hangs"}
-_KINDS = ("sent", "completed", "refused", "lost", "hangs")
-
-
-# The server under test
-
-
-class Served:
-    """One ``pbkv serve --engine sim`` subprocess on 127.0.0.1."""
-
-    def __init__(self, *flags: str) -> None:
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (as long as the server)
-        command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim"]
-        command += ["--host", HOST, "--port", "0", *flags]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env
-        )
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if not found:
-            self.proc.kill()
-            raise RuntimeError(f"pbkv serve did not start: {line!r} {self.stderr()[-2000:]}")
-        self.port = int(found.group(1))
-        self.url = f"http://{HOST}:{self.port}"
-        self.exited_early = False
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stderr(self) -> str:
-        self._stderr.seek(0)
-        return self._stderr.read()
-
-    def signal(self, signum: int) -> None:
-        if not self.alive():
-            self.exited_early = True
-        else:
-            self.proc.send_signal(signum)
-
-    def wait(self, limit_s: float) -> tuple[int | None, float]:
-        """Wait for the server to exit; return its status (``None``: killed at
-        ``limit_s``) and how long it took."""
-        started = time.monotonic()
-        try:
-            self.proc.wait(limit_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None, time.monotonic() - started
-        return self.proc.returncode, time.monotonic() - started
-
-    def stop(self, tally: Tally, limit_s: float = 30.0) -> float:
-        """SIGTERM the server and count how it ended; return the seconds it took."""
-        self.signal(signal.SIGTERM)
-        status, took_s = self.wait(limit_s)
-        _count_exit(tally, self, status)
-        return took_s
-
-    def contained_failures(self) -> int:
-        return self.stderr().count("failed; it is closed, the server goes on")
-
-
-def _count_exit(tally: Tally, served: Served, status: int | None) -> None:
-    if served.exited_early or (status is not None and status != 0):
-        tally.crashes += 1
-        tally.unexpected.append(f"server exited with {status}: {served.stderr()[-1500:]}")
-    if status is None:
-        tally.hangs += 1
-        tally.unexpected.append("server did not exit within its limit after a signal")
-
-
-# Clients and outcomes
-
-
-class _Client(httpx.Client):
-    """An httpx client of one protocol: HTTP/2 by prior knowledge, or HTTP/1.1."""
-
-    def __init__(self, url: str, http2: bool) -> None:
-        super().__init__(base_url=url, http1=not http2, http2=http2, timeout=CLIENT_TIMEOUT_S)
-        self.protocol = "HTTP/2" if http2 else "HTTP/1.1"
-
-
-def _client(url: str, http2: bool) -> _Client:
-    return _Client(url, http2)
-
-
-def _auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def _error_code(payload: Any) -> str | None:
-    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-        error = payload["error"]
-        if error.get("message"):
-            return str(error.get("code") or error.get("type") or "error")
-    return None
-
-
-def _judge_whole(response: httpx.Response) -> Outcome:
-    try:
-        payload = response.json()
-    except ValueError:
-        payload = None
-    if response.is_success and isinstance(payload, dict) and "choices" in payload:
-        workflow_id = response.headers.get("x-pbkv-workflow-id", "")
-        return Outcome("completed", response.status_code, "", workflow_id)
-    if response.is_success and response.request.url.path in ("/health", "/stats"):
-        return Outcome("completed", response.status_code)
-    code = _error_code(payload)
-    if code is not None and response.status_code >= 400:
-        return Outcome("refused", response.status_code, code)
-    return Outcome("lost", response.status_code, response.text[:200])
-
-
-def _judge_stream(status: int, events: list[str], body: str) -> Outcome:
-    if status != 200:
-        try:
-            code = _error_code(json.loads(body))
-        except ValueError:
-            code = None
-        if code is not None:
-            return Outcome("refused", status, code)
-        return Outcome("lost", status, body[:200])
-    if not events or events[-1] != "data: [DONE]":
-        return Outcome("lost", status, f"stream cut after {len(events)} events")
-    errors = [_error_code(json.loads(e[6:])) for e in events[:-1] if '"error"' in e]
-    if errors and errors[-1]:
-        return Outcome("refused", status, errors[-1])
-    return Outcome("completed", status)
-
-
-def _request(
-    client: _Client,
-    method: str,
-    path: str,
-    *,
-    stream: bool = False,
-    **kwargs: Any,
-) -> Outcome:
-    """Send one request; return what it got (never raises)."""
-    return _sent(client, method, path, stream, kwargs)._replace(protocol=client.protocol)
-
-
-def _sent(client: _Client, method: str, path: str, stream: bool, kwargs: dict[str, Any]) -> Outcome:
-    try:
-        if not stream:
-            return _judge_whole(client.request(method, path, **kwargs))
-        with client.stream(method, path, **kwargs) as response:
-            if response.status_code != 200:
-                return _judge_stream(response.status_code, [], response.read().decode())
-            events = [line for line in response.iter_lines() if line]
-            judged = _judge_stream(200, events, "")
-            return judged._replace(workflow_id=response.headers.get("x-pbkv-workflow-id", ""))
-    except httpx.TimeoutException as exc:
-        return Outcome("hang", 0, repr(exc))
-    except (httpx.HTTPError, OSError) as exc:
-        return Outcome("lost", 0, repr(exc))
-
-
-def _chat_body(text: str, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
-    return body | {"max_tokens": max_tokens} | extra
-
-
-def _in_threads(jobs: Sequence[Callable[[], Any]], concurrency: int) -> list[Any]:
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda job: job(), jobs))
-
-
 # Phase: load, triggers and tenants
 
 
@@ -328,9 +103,9 @@ def _ordinary(url: str, http2: bool, index: int, tally: Tally) -> Outcome:
     tenant = KEYS[key]
     path, stream = "/v1/chat/completions", False
     if index % 4 == 0:
-        body = _chat_body(f"question {index}")
+        body = chat_body(f"question {index}")
     elif index % 4 == 1:
-        body = _chat_body(f"question {index}", 6, stream=True)
+        body = chat_body(f"question {index}", 6, stream=True)
         body["stream_options"] = {"include_usage": True}
         stream = True
     elif index % 4 == 2:
@@ -338,56 +113,55 @@ def _ordinary(url: str, http2: bool, index: int, tally: Tally) -> Outcome:
         body["max_tokens"] = 3
     else:
         workflow = f"{tenant}-{'h2' if http2 else 'h1'}-job-{index // 8}"
-        body = _chat_body(f"turn {index}", 3, pbkv={"workflow_id": workflow, "agent": "a"})
+        body = chat_body(f"turn {index}", 3, pbkv={"workflow_id": workflow, "agent": "a"})
         body["pbkv"]["final"] = index % 8 == 7
-    with _client(url, http2) as client:
-        outcome = _request(client, "POST", path, stream=stream, json=body, headers=_auth(key))
+    with connect(url, http2) as client:
+        outcome = request(client, "POST", path, stream=stream, json=body, headers=auth(key))
     if outcome.workflow_id:
-        with tally._lock:
-            tally.ids_by_tenant.setdefault(tenant, set()).add(outcome.workflow_id)
+        tally.keep_workflow_id(tenant, outcome.workflow_id)
     return tally.count(outcome)
 
 
 def _h2_triggers(url: str, tally: Tally) -> None:
     """1 MB bodies answered before they are read, over one HTTP/2 connection."""
-    key = _auth("key-acme")
-    with _client(url, http2=True) as client:
+    key = auth("key-acme")
+    with connect(url, http2=True) as client:
         for _ in range(2):  # twice: the connection must stay usable
             tally.expect(
-                "h2 1 MB POST /health", _request(client, "POST", "/health", content=ONE_MB), 405
+                "h2 1 MB POST /health", request(client, "POST", "/health", content=ONE_MB), 405
             )
             tally.expect(
                 "h2 1 MB POST without a key",
-                _request(client, "POST", "/v1/chat/completions", content=ONE_MB),
+                request(client, "POST", "/v1/chat/completions", content=ONE_MB),
                 401,
             )
             big = b"a" * (5 * 2**20)  # past the 4 MiB limit
             tally.expect(
                 "h2 5 MB POST",
-                _request(client, "POST", "/v1/chat/completions", content=big, headers=key),
+                request(client, "POST", "/v1/chat/completions", content=big, headers=key),
                 413,
             )
-        tally.expect("h2 GET /health after", _request(client, "GET", "/health"), 200)
+        tally.expect("h2 GET /health after", request(client, "GET", "/health"), 200)
 
 
 def _auth_triggers(url: str, tally: Tally) -> None:
-    with _client(url, http2=False) as client:
+    with connect(url, http2=False) as client:
         for path in ("/stats", "/stats/", "/stats//", "/%73tats/", "/nothing"):
-            outcome = tally.expect(f"GET {path} without a key", _request(client, "GET", path), 401)
+            outcome = tally.expect(f"GET {path} without a key", request(client, "GET", path), 401)
             if outcome.status == 200:
                 tally.leak(f"GET {path} answered without a key")
 
 
 def _sampling_and_json_triggers(url: str, tally: Tally) -> None:
-    key = _auth("key-globex")
-    with _client(url, http2=False) as client:
+    key = auth("key-globex")
+    with connect(url, http2=False) as client:
         for name, extra in (
             ("temperature 1e-46", {"temperature": 1e-46}),
             ("top_p 1e-46", {"temperature": 0.7, "top_p": 1e-46}),
         ):
-            body = _chat_body("sample", 3, **extra)
+            body = chat_body("sample", 3, **extra)
             tally.expect(
-                name, _request(client, "POST", "/v1/chat/completions", json=body, headers=key), 200
+                name, request(client, "POST", "/v1/chat/completions", json=body, headers=key), 200
             )
         nested = (
             b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "x"}],'
@@ -395,7 +169,7 @@ def _sampling_and_json_triggers(url: str, tally: Tally) -> None:
         nested += b' "tools": [{"f": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
         tally.expect(
             "JSON nested 100,000 deep",
-            _request(client, "POST", "/v1/chat/completions", content=nested, headers=key),
+            request(client, "POST", "/v1/chat/completions", content=nested, headers=key),
             400,
         )
 
@@ -413,11 +187,11 @@ def _large_prompt_trigger(url: str, tally: Tally) -> None:
     def large() -> None:
         nonlocal took_s
         started = time.monotonic()
-        with _client(url, http2=False) as client:
+        with connect(url, http2=False) as client:
             body = {"model": MODEL, "prompt": "hello world, " * 77_000, "max_tokens": 2}
             tally.expect(
                 "1 M-character prompt",
-                _request(client, "POST", "/v1/completions", json=body, headers=_auth("key-acme")),
+                request(client, "POST", "/v1/completions", json=body, headers=auth("key-acme")),
                 400,
             )
         took_s = time.monotonic() - started
@@ -425,10 +199,10 @@ def _large_prompt_trigger(url: str, tally: Tally) -> None:
 
     thread = threading.Thread(target=large)
     thread.start()
-    with _client(url, http2=False) as client:
+    with connect(url, http2=False) as client:
         while not done.is_set():
             started = time.monotonic()
-            outcome = _request(client, "GET", "/health")
+            outcome = request(client, "GET", "/health")
             tally.expect("GET /health during the large prompt", outcome, 200)
             gaps_s.append(time.monotonic() - started)
             time.sleep(0.05)
@@ -463,15 +237,15 @@ def _stalled_body_trigger(url: str, port: int, tally: Tally) -> None:
 
 def _final_trigger(url: str, tally: Tally) -> None:
     """X-PBKV-Final: true with ``"final": false`` in the body: the workflow stays open."""
-    with _client(url, http2=False) as client:
-        body = _chat_body("hi", 2, pbkv={"workflow_id": "final-check", "final": False})
-        headers = _auth("key-globex") | {"X-PBKV-Final": "true"}
+    with connect(url, http2=False) as client:
+        body = chat_body("hi", 2, pbkv={"workflow_id": "final-check", "final": False})
+        headers = auth("key-globex") | {"X-PBKV-Final": "true"}
         tally.expect(
             "final: false in the body, true in the header",
-            _request(client, "POST", "/v1/chat/completions", json=body, headers=headers),
+            request(client, "POST", "/v1/chat/completions", json=body, headers=headers),
             200,
         )
-        stats = client.get("/stats", headers=_auth("key-globex")).json()
+        stats = client.get("/stats", headers=auth("key-globex")).json()
     states = [w["state"] for w in stats["workflows"] if w["workflow_id"] == "final-check"]
     if states != ["active"]:
         tally.unexpected.append(f"final: false in the body did not win: {states}")
@@ -480,16 +254,16 @@ def _final_trigger(url: str, tally: Tally) -> None:
 def _tenant_checks(url: str, tally: Tally) -> None:
     """Each key's /stats names only its tenant; a prompt one tenant sent is not cached
     for another; one-request ids are random."""
-    with _client(url, http2=False) as client:
-        prompt = _chat_body("a prompt both tenants send, long enough to fill blocks " * 8, 2)
+    with connect(url, http2=False) as client:
+        prompt = chat_body("a prompt both tenants send, long enough to fill blocks " * 8, 2)
         # its own system message: the template's default one, which every bare user
         # message starts with, is in each tenant's cache from its earlier requests
         prompt["messages"].insert(0, {"role": "system", "content": "Tenant check."})
-        first = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-acme"))
-        other = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-globex"))
-        again = client.post("/v1/chat/completions", json=prompt, headers=_auth("key-acme"))
+        first = client.post("/v1/chat/completions", json=prompt, headers=auth("key-acme"))
+        other = client.post("/v1/chat/completions", json=prompt, headers=auth("key-globex"))
+        again = client.post("/v1/chat/completions", json=prompt, headers=auth("key-acme"))
         for response in (first, other, again):
-            tally.count(_judge_whole(response))
+            tally.count(judge_whole(response))
         cached = [
             r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in (other, again)
         ]
@@ -500,7 +274,7 @@ def _tenant_checks(url: str, tally: Tally) -> None:
         if not all(re.fullmatch(r"req-[0-9a-f]{16}", i) for i in ids):
             tally.leak(f"one-request ids are not random: {ids}")
         for key, tenant in KEYS.items():
-            response = client.get("/stats", headers=_auth(key))
+            response = client.get("/stats", headers=auth(key))
             strangers = [w for w in response.json()["workflows"] if w["tenant"] != tenant]
             if strangers:
                 tally.leak(f"{tenant}'s /stats lists {len(strangers)} workflows of others")
@@ -509,7 +283,7 @@ def _tenant_checks(url: str, tally: Tally) -> None:
             if named:
                 tally.leak(f"{tenant}'s /stats names others' workflows {named[:3]}")
             tally.notes[f"others_workflow_ids_checked_in_{tenant}_stats"] = len(others)
-        admin = client.get("/stats", headers=_auth(ADMIN)).json()
+        admin = client.get("/stats", headers=auth(ADMIN)).json()
         tenants = {w["tenant"].split("/")[0] for w in admin["workflows"]}
         if not {"acme", "globex"} <= tenants:
             tally.unexpected.append(f"the admin key's /stats lists tenants {sorted(tenants)}")
@@ -551,7 +325,7 @@ def load_phase(sizes: Sizes) -> Tally:
                 lambda: _stalled_body_trigger(served.url, served.port, tally),
             ]
         jobs += [lambda flags=flags: _option_check(flags, tally) for flags in OPTION_CHECKS]
-        _in_threads(jobs, sizes.concurrency)
+        in_threads(jobs, sizes.concurrency)
         _large_prompt_trigger(served.url, tally)
         _final_trigger(served.url, tally)
         _tenant_checks(served.url, tally)
@@ -575,13 +349,13 @@ def sigterm_phase(sizes: Sizes, graceful_timeout_s: float = 5.0) -> Tally:
     )  # fmt: skip
 
     def open_one(i: int) -> Outcome:
-        body = _chat_body(f"open {i}", 1, pbkv={"workflow_id": f"w{i}"}, cache_salt=tenants[i % 4])
-        with _client(served.url, http2=bool(i % 2)) as client:
-            return tally.count(_request(client, "POST", "/v1/chat/completions", json=body))
+        body = chat_body(f"open {i}", 1, pbkv={"workflow_id": f"w{i}"}, cache_salt=tenants[i % 4])
+        with connect(served.url, http2=bool(i % 2)) as client:
+            return tally.count(request(client, "POST", "/v1/chat/completions", json=body))
 
     try:
-        _in_threads([lambda i=i: open_one(i) for i in range(sizes.open_workflows)], 32)
-        with _client(served.url, http2=False) as client:
+        in_threads([lambda i=i: open_one(i) for i in range(sizes.open_workflows)], 32)
+        with connect(served.url, http2=False) as client:
             stats = client.get("/stats").json()  # no keys: only the default tenant is listed
         tally.notes["open_workflows_at_sigterm"] = stats["sessions"]["active"]
     finally:
@@ -607,9 +381,9 @@ def double_sigint_phase(sizes: Sizes) -> Tally:
 
     def in_flight(i: int, http2: bool) -> None:
         stream = i % 3 != 2  # two streams to one whole request
-        body = _chat_body(f"long {i}", 4000, stream=stream)
-        with _client(served.url, http2) as client:
-            outcome = _request(client, "POST", "/v1/chat/completions", stream=stream, json=body)
+        body = chat_body(f"long {i}", 4000, stream=stream)
+        with connect(served.url, http2) as client:
+            outcome = request(client, "POST", "/v1/chat/completions", stream=stream, json=body)
         outcomes.append(tally.count(outcome))
 
     threads = [
@@ -632,7 +406,7 @@ def double_sigint_phase(sizes: Sizes) -> Tally:
     finally:
         if served.alive():
             served.proc.kill()
-    _count_exit(tally, served, status)
+    count_exit(tally, served, status)
     tally.notes["exit_after_second_sigint_s"] = round(took_s, 2)
     tally.notes["answered_shutting_down"] = sum(1 for o in outcomes if o.detail == "shutting_down")
     return tally
@@ -641,7 +415,7 @@ def double_sigint_phase(sizes: Sizes) -> Tally:
 def _until_in_flight(url: str, calls: int, limit_s: float = CLIENT_TIMEOUT_S) -> None:
     """Wait until ``calls`` calls are in flight in the runtime (or ``limit_s`` passes)."""
     deadline = time.monotonic() + limit_s
-    with _client(url, http2=False) as client:
+    with connect(url, http2=False) as client:
         while time.monotonic() < deadline:
             stats = client.get("/stats").json()
             if stats["runtime"]["calls_in_flight"] >= calls:
@@ -658,8 +432,8 @@ def fault_phase(sizes: Sizes) -> Tally:
     try:
         for round_ in range(sizes.fault_rounds):
             _fault_round(served, round_, tally)
-        with _client(served.url, http2=False) as client:
-            tally.expect("GET /health after the faults", _request(client, "GET", "/health"), 200)
+        with connect(served.url, http2=False) as client:
+            tally.expect("GET /health after the faults", request(client, "GET", "/health"), 200)
         if not served.alive():
             served.exited_early = True
     finally:
@@ -672,10 +446,10 @@ def _fault_round(served: Served, round_: int, tally: Tally) -> None:
     outcomes: dict[str, Outcome] = {}
 
     def call(name: str, fault: bool, http2: bool, stream: bool) -> None:
-        body = _chat_body(f"{name} {round_}", 30, stream=stream)
+        body = chat_body(f"{name} {round_}", 30, stream=stream)
         headers = {"X-PBKV-Inject-Fault": "until"} if fault else {}
-        with _client(served.url, http2) as client:
-            outcome = _request(
+        with connect(served.url, http2) as client:
+            outcome = request(
                 client, "POST", "/v1/chat/completions", stream=stream, json=body, headers=headers
             )
         outcomes[name] = tally.count(outcome)
@@ -736,7 +510,7 @@ def run(sizes: Sizes, phases: Sequence[str] = tuple(PHASES)) -> dict[str, Any]:
         ):
             setattr(total, counter, getattr(total, counter) + getattr(tally, counter))
         for protocol, counts in tally.by_protocol.items():
-            mine = total.by_protocol.setdefault(protocol, dict.fromkeys(_KINDS, 0))
+            mine = total.by_protocol.setdefault(protocol, dict.fromkeys(KINDS, 0))
             for kind, n in counts.items():
                 mine[kind] += n
         total.unexpected += [f"{name}: {u}" for u in tally.unexpected]
@@ -763,7 +537,7 @@ def _print(report: dict[str, Any]) -> None:
     total = report["total"]
     print(f"{'total':<14}" + "".join(f"{total[c]:>12}" for c in columns))
     for protocol, counts in sorted(total["by_protocol"].items()):
-        print(f"{'  ' + protocol:<14}" + "".join(f"{counts[c]:>12}" for c in _KINDS))
+        print(f"{'  ' + protocol:<14}" + "".join(f"{counts[c]:>12}" for c in KINDS))
     for name, figures in report["phases"].items():
         for note, value in figures["notes"].items():
             print(f"  {name}.{note} = {value}")
