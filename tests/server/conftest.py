@@ -1,4 +1,6 @@
-"""A real ``pbkv serve`` on 127.0.0.1 (a free port) over the tiny torch model.
+"""A real ``pbkv serve`` on 127.0.0.1 (a free port): in this process over the tiny torch
+model (:func:`serving`), or as the command in a subprocess on the sim engine
+(:func:`serve_process`).
 
 The openai client is the real, synchronous one, run in a worker thread so the server's
 trio loop keeps serving; every client has a timeout and no retries, so a failure is
@@ -7,8 +9,12 @@ bounded in time and request count.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,3 +87,47 @@ def chat(*turns: str, system: str = "You are a careful planner.") -> list[dict[s
     for i, text in enumerate(turns):
         messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
     return messages
+
+
+@dataclass
+class ServeProcess:
+    """A ``pbkv serve`` subprocess that has printed where it listens.
+
+    Attributes:
+        proc: the process (stdout and stderr are pipes, text).
+        url: ``http://127.0.0.1:PORT``, from its first line.
+        banner: that first line.
+    """
+
+    proc: subprocess.Popen[str]
+    url: str
+    banner: str
+
+    def stopped(self, timeout_s: float = 30.0) -> str:
+        """Wait for the process to exit; return the rest of its stdout."""
+        out, _ = self.proc.communicate(timeout=timeout_s)
+        return out
+
+
+@contextmanager
+def serve_process(*flags: str) -> Iterator[ServeProcess]:
+    """Run ``pbkv serve --engine sim --port 0 *flags`` in a subprocess; yield it once it
+    has printed its URL, and kill it on the way out if it still runs.
+
+    Raises:
+        AssertionError: its first line names no URL (the line is the message).
+    """
+    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*command, *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        yield ServeProcess(proc, f"http://127.0.0.1:{found.group(1)}", line)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

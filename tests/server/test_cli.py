@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
 
 import openai
 import pytest
 
 from pbkv.cli import build_parser
 from pbkv.server.cli import forecasters
+from tests.server.conftest import serve_process
 
 
 def test_options_parse_and_bad_api_keys_are_refused(capsys):
@@ -34,34 +31,17 @@ def test_a_predictor_needs_traces_and_none_needs_nothing():
 
 def test_serve_runs_until_interrupted():
     """The sim engine starts in about a second (no torch): enough to test the command."""
-    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        line = proc.stdout.readline()
-        port = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert port, line
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port.group(1)}/v1",
-            api_key="x",
-            max_retries=0,
-            timeout=30,
-        )
+    with serve_process() as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30)
         [model] = client.models.list().data
         reply = client.chat.completions.create(
             model=model.id, messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert reply.usage.completion_tokens == 4
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        server.proc.send_signal(signal.SIGINT)
+        out = server.stopped()
     assert model.id == "sim/qwen3-32b"
-    assert proc.returncode == 0
+    assert server.proc.returncode == 0
     assert out.strip() == "pbkv serve: stopped"
 
 
@@ -113,17 +93,8 @@ def test_sigterm_drains_refusing_new_requests_then_cuts_what_still_runs():
 
     import httpx
 
-    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
-    command += ["--graceful-timeout-s", "1"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        line = proc.stdout.readline()
-        found = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert found, line
-        url = f"http://127.0.0.1:{found.group(1)}"
+    with serve_process("--graceful-timeout-s", "1") as server:
+        url = server.url
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         events: list[str] = []
         started = threading.Event()
@@ -140,7 +111,7 @@ def test_sigterm_drains_refusing_new_requests_then_cuts_what_still_runs():
         reader = threading.Thread(target=stream)
         reader.start()
         assert started.wait(30)
-        proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         with httpx.Client(timeout=30) as client:
             refused = client.post(
@@ -148,16 +119,12 @@ def test_sigterm_drains_refusing_new_requests_then_cuts_what_still_runs():
                 json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
             )
         reader.join(30)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = server.stopped()
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"
     assert len(events) > 3  # it streamed during the drain, then was cut
-    assert proc.returncode == 0
+    assert server.proc.returncode == 0
     assert out.strip() == "pbkv serve: stopped"
 
 
@@ -193,18 +160,10 @@ def test_a_second_sigint_cuts_streams_with_an_error_and_done_not_silence():
 
     import httpx
 
-    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
-    command += ["--graceful-timeout-s", "60"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
     streams: list[list[str]] = [[] for _ in range(6)]
     started = [threading.Event() for _ in streams]
-    try:
-        found = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stdout.readline())
-        assert found
-        url = f"http://127.0.0.1:{found.group(1)}"
+    with serve_process("--graceful-timeout-s", "60") as server:
+        url = server.url
 
         def stream(i: int) -> None:  # ~4000 modelled decode steps: minutes
             body = {"model": "sim/qwen3-32b", "messages": [{"role": "user", "content": "hi"}]}
@@ -219,20 +178,16 @@ def test_a_second_sigint_cuts_streams_with_an_error_and_done_not_silence():
         for reader in readers:
             reader.start()
         assert all(s.wait(30) for s in started)
-        proc.send_signal(signal.SIGINT)
+        server.proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # trio merges a signal that arrives again before it is read
-        proc.send_signal(signal.SIGINT)
+        server.proc.send_signal(signal.SIGINT)
         for reader in readers:
             reader.join(30)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        out = server.stopped()
     for events in streams:
         assert events[-1] == "data: [DONE]"
         assert json.loads(events[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"
-    assert proc.returncode == 0
+    assert server.proc.returncode == 0
     assert out.strip() == "pbkv serve: stopped"
 
 

@@ -2,15 +2,14 @@
 scheduler and the online predictor, whose accuracy rises as workflows end. A real
 ``pbkv serve`` process on 127.0.0.1, driven by the real openai client."""
 
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
+
+from tests.server.conftest import serve_process
 
 AGENTS = ("planner", "coder", "tester")
 
@@ -30,18 +29,9 @@ def _learned(base: str, n: int) -> dict:
 
 
 def test_pbkv_serve_defaults_are_the_workflow_scheduler_and_a_learning_predictor():
-    command = [sys.executable, "-m", "pbkv.cli", "serve", "--engine", "sim", "--port", "0"]
-    command += ["--policy", "pbkv"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        line = proc.stdout.readline()
-        port = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        assert port, line
-        assert "scheduler workflow, predictor online" in line
-        base = f"http://127.0.0.1:{port.group(1)}"
+    with serve_process("--policy", "pbkv") as server:
+        assert "scheduler workflow, predictor online" in server.banner
+        base = server.url
         serving = _stats(base)["serving"]
         assert (serving["policy"], serving["scheduler"], serving["predictor"]) == (
             "pbkv",
@@ -66,13 +56,9 @@ def test_pbkv_serve_defaults_are_the_workflow_scheduler_and_a_learning_predictor
                 ]
             accuracy.append(_learned(base, w + 1))
         metrics = httpx.get(f"{base}/metrics", timeout=30).text
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out
+        server.proc.send_signal(signal.SIGINT)
+        out = server.stopped()
+    assert server.proc.returncode == 0, out
     assert accuracy[-1]["predictor_workflows_learned"] == 12
     first, last = accuracy[0]["predictor_top1"][0], accuracy[-1]["predictor_top1"][0]
     assert first < 0.5 < last  # scored before learning: it starts knowing nothing
