@@ -57,6 +57,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # serve_harness.py, be
 
 from serve_harness import (  # noqa: E402
     CLIENT_TIMEOUT_S,
+    COUNTERS,
     HOST,
     KINDS,
     MODEL,
@@ -499,15 +500,7 @@ def run(sizes: Sizes, phases: Sequence[str] = tuple(PHASES)) -> dict[str, Any]:
         tally = PHASES[name](sizes)
         figures = tally.figures() | {"wall_s": round(time.monotonic() - started, 1)}
         report["phases"][name] = figures
-        for counter in (
-            "sent",
-            "completed",
-            "refused",
-            "lost",
-            "hangs",
-            "crashes",
-            "cross_tenant_leaks",
-        ):
+        for counter in COUNTERS:
             setattr(total, counter, getattr(total, counter) + getattr(tally, counter))
         for protocol, counts in tally.by_protocol.items():
             mine = total.by_protocol.setdefault(protocol, dict.fromkeys(KINDS, 0))
@@ -525,7 +518,7 @@ def failed(report: dict[str, Any]) -> bool:
 
 
 def _print(report: dict[str, Any]) -> None:
-    columns = ("sent", "completed", "refused", "lost", "hangs", "crashes", "cross_tenant_leaks")
+    columns = COUNTERS
     heads = ("sent", "completed", "refused", "lost", "hangs", "crashes", "leaks")
     print(f"{'phase':<14}" + "".join(f"{c:>12}" for c in heads) + f"{'wall_s':>9}")
     for name, figures in report["phases"].items():

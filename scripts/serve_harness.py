@@ -89,25 +89,14 @@ class Tally:
             self.unexpected.append(f"cross-tenant leak: {what}")
 
     def figures(self) -> dict[str, Any]:
-        return {
-            name: getattr(self, name)
-            for name in (
-                "sent",
-                "completed",
-                "refused",
-                "lost",
-                "hangs",
-                "crashes",
-                "cross_tenant_leaks",
-                "unexpected",
-                "notes",
-                "by_protocol",
-            )
-        }
+        names = (*COUNTERS, "unexpected", "notes", "by_protocol")
+        return {name: getattr(self, name) for name in names}
 
 
 _FIELD = {"completed": "completed", "refused": "refused", "lost": "lost", "hang": "hangs"}
 KINDS = ("sent", "completed", "refused", "lost", "hangs")
+COUNTERS = (*KINDS, "crashes", "cross_tenant_leaks")
+"""The counts of a :class:`Tally`, in the report's order."""
 
 
 class Served:
