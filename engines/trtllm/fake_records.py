@@ -177,4 +177,6 @@ def seconds(duration: Any) -> float | None:
     takes them (``None``: no duration)."""
     if duration is None:
         return None
-    return duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000
+    return (
+        duration.total_seconds() if hasattr(duration, "total_seconds") else float(duration) / 1000
+    )
