@@ -90,13 +90,14 @@ class TreeEviction(TreeState):
             self._drop(node)
         return n
 
-    def _copy_to_host(self, node: Node) -> bool:
-        """Give GPU-resident ``node`` a host copy if the host has (or can make) room below
-        its priority; return whether it has one now."""
+    def _copy_to_host(self, node: Node, *, ceiling: bool = True) -> bool:
+        """Give GPU-resident ``node`` a host copy if the host has (or can make) room, with
+        ``ceiling`` only by evicting host cache ranked below ``node``; return whether it
+        has one now."""
         blocks = node.gpu_blocks
         assert blocks is not None
         n = len(blocks)
-        if not self._make_host_room(n, self._priority(node)):
+        if not self._make_host_room(n, self._priority(node) if ceiling else None):
             return False
         node.host_blocks = self.host.allocate(n)
         count_child(node, "host", +1)
@@ -108,11 +109,19 @@ class TreeEviction(TreeState):
         return True
 
     def _write_through(self, node: Node) -> None:
-        """Write a newly stored GPU node through to the host (HiCache ``write_backup``)."""
-        if node.host_blocks is None and self.host.capacity_blocks and self._copy_to_host(node):
+        """Write a newly stored GPU node through to the host (HiCache ``write_backup``).
+
+        Every new node is written, the host making room by evicting its lowest-ranked
+        host-only cache, as HiCache's host pool does: no ceiling, since the node is also
+        on the GPU, and a copy refused here is lost for good once the GPU lets it go (a
+        ceiling at the node's own rank refused a young workflow's new context whenever
+        older workflows' cache filled the host, and that context was recomputed).
+        """
+        unwritten = node.host_blocks is None and self.host.capacity_blocks
+        if unwritten and self._copy_to_host(node, ceiling=False):
             self.counters.written_through_blocks += node.num_blocks
 
-    def _make_host_room(self, n: int, ceiling: Priority) -> bool:
+    def _make_host_room(self, n: int, ceiling: Priority | None) -> bool:
         if self.host.capacity_blocks < n:
             return False
         short = n - self.host.num_free

@@ -72,6 +72,26 @@ def test_write_through_drops_a_block_the_host_had_no_room_to_copy(clock):
     tree.check_integrity()
 
 
+def test_write_through_copies_a_new_block_even_over_host_cache_ranked_above_it(clock):
+    # HiCache writes every new block through and the host pool evicts by its own order: a
+    # copy refused at store time would be lost for good once the GPU lets the block go
+    tree = RadixTree(
+        block_size=1,
+        gpu_capacity_blocks=4,
+        host_capacity_blocks=2,
+        priority=lambda node: (node.keys[0],),  # a block's first key is its rank
+        clock=clock,
+        host_tier="write-through",
+    )
+    put(tree, [9, 10], clock)
+    tree.evict("gpu", 2)  # host-only now, ranked above the next block
+    put(tree, [1, 2], clock)
+    assert tree.match_prefix([1, 2]).node.on_host
+    assert tree.match_prefix([9, 10]).host_blocks == 0
+    assert tree.counters.written_through_blocks == 4
+    tree.check_integrity()
+
+
 def test_exclusive_copies_to_the_host_only_on_gpu_eviction(clock):
     tree = make_tree(clock, "exclusive")
     put(tree, [1, 2], clock)
