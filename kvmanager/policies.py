@@ -73,15 +73,7 @@ say nothing about which is reused first, whereas the ``workflow`` scheduler admi
 oldest workflow first, so its context is reused first. Ranking such scores exactly let
 those differences decide, so a young workflow's queued prefix (score + 1) outranked an
 older workflow's context between two of its tool calls, which came back sooner and
-went first. Measured (mean latency, s), exact scores / bands of 1.1: a tool loop of one
-agent (60% of tasks 2 calls, 40% 40 calls; 96 workflows, c=32; a probe):
-530.06 / 465.23 (lru:workflow 477.06, lru 1,141.93); hover 144 workflows, c=72, seeds
-0/1/2: 556.43 / 557.53, 554.71 / 565.15, 646.79 / 650.27; swebench c=24 253.34 /
-253.42; τ-bench c=48 171.56 / 171.55; every bundled app at c=16 within 0.1%. Bands of
-0.05 in absolute score gave 457.37 on the tool loop but hover 561.75 / 567.01 / 650.46.
-On the bundled ``toolloop`` (96 workflows, c=32, seeds 0/1): 483.85 / 454.87 and 352.50 /
-327.46, against lru:workflow's 438.31 and 324.55; with held-back requests no longer
-counted as queued (:mod:`pbkv.engines.scheduler`) 445.38 and 321.02."""
+went first (figures behind 1.1: ``docs/design.md``)."""
 _LOG_BAND = math.log(SCORE_BAND_RATIO)
 NO_REUSE_BAND = -(1 << 30)
 """The band of a score of 0 (or below, by rounding): below every positive score's."""

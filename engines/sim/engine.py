@@ -157,8 +157,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         (:meth:`CostModel.prefill_slack_tokens`, at least one block): a big chunk runs
         at the same prefill rate (compute-bound either way) but holds every decoding
         request to one token per long step, so their blocks stay leased longer and
-        fewer requests fit. Measured on hover, 144 workflows at c=72, pbkv:workflow:
-        723.26 s mean latency with 8,192-token chunks, 556.43 s balanced.
+        fewer requests fit (figures: ``docs/design.md``, "Balanced batches").
         """
         budget = self.config.max_prefill_tokens
         if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
