@@ -78,15 +78,21 @@ def tool_call_format(tools: Sequence[Mapping[str, Any]]) -> OutputFormat:
     ``<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>``, where ARGS
     follows that tool's ``parameters`` schema.
 
+    A tool's ``$defs`` (or ``definitions``, as pydantic writes nested models) move to the
+    format's root under ``t{i}.NAME``, and its references with them, so they resolve
+    from the root the wrapper gives them.
+
     Raises:
         ValueError: no tools.
     """
     if not tools:
         raise ValueError("tool_call_format needs at least one tool")
-    options = []
-    for tool in tools:
+    options, definitions = [], {}
+    for i, tool in enumerate(tools):
         function = tool.get("function", tool)
         parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        parameters, defs = _hoisted(parameters, f"t{i}")
+        definitions.update(defs)
         options.append(
             {
                 "type": "object",
@@ -96,7 +102,48 @@ def tool_call_format(tools: Sequence[Mapping[str, Any]]) -> OutputFormat:
             }
         )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if definitions:
+        schema = {**schema, "$defs": definitions}
     return OutputFormat(schema, "<tool_call>\n", "\n</tool_call>")
+
+
+def _hoisted(parameters: Mapping[str, Any], prefix: str) -> tuple[Any, dict[str, Any]]:
+    """Return ``parameters`` without its ``$defs``/``definitions`` and those definitions
+    renamed ``{prefix}.NAME``, every ``$ref`` to them (and ``#``, the schema itself, kept
+    as ``{prefix}``) pointing at the new names under the root's ``$defs``."""
+    local = {k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}
+    defs = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
+    if not defs and not _refers_to_root(parameters):
+        return parameters, {}
+
+    def moved(node: Any) -> Any:
+        if isinstance(node, Mapping):
+            out = {k: moved(v) for k, v in node.items()}
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for head in ("#/$defs/", "#/definitions/"):
+                    if ref.startswith(head):
+                        out["$ref"] = f"#/$defs/{prefix}.{ref[len(head) :]}"
+                if ref == "#":
+                    out["$ref"] = f"#/$defs/{prefix}"
+            return out
+        if isinstance(node, list):
+            return [moved(v) for v in node]
+        return node
+
+    hoisted = {f"{prefix}.{name}": moved(schema) for name, schema in defs.items()}
+    body = moved(local)
+    if _refers_to_root(parameters):
+        hoisted[prefix] = body
+    return body, hoisted
+
+
+def _refers_to_root(node: Any) -> bool:
+    if isinstance(node, Mapping):
+        return node.get("$ref") == "#" or any(_refers_to_root(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_refers_to_root(v) for v in node)
+    return False
 
 
 def json_format(schema: Mapping[str, Any] | None = None) -> OutputFormat:

@@ -129,3 +129,40 @@ def test_an_engine_finds_the_constraint_on_the_request_callback():
     live_call.on_token = types.MethodType(lambda self, token: False, live_call)
     assert request_constraint(types.SimpleNamespace(on_token=live_call.on_token)) is constraint
     assert request_constraint(types.SimpleNamespace(on_token=None)) is None
+
+
+NESTED = {  # a pydantic model holding a list of another (CrewAI's output_pydantic)
+    "type": "function",
+    "function": {
+        "name": "plan_day",
+        "parameters": {
+            "$defs": {
+                "Activity": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "hours": {"type": "integer"}},
+                    "required": ["name", "hours"],
+                }
+            },
+            "type": "object",
+            "properties": {"activities": {"type": "array", "items": {"$ref": "#/$defs/Activity"}}},
+            "required": ["activities"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("tools", [[NESTED], [ADD, NESTED]])
+def test_a_tool_whose_parameters_use_defs_gives_a_format_that_resolves(tools):
+    formatted = tool_call_format(tools)
+    [call] = parse_reply(make_tool_parser("hermes"), formatted.example()).calls
+    tool = {"add": ADD, "plan_day": NESTED}[call.name]
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    jsonschema.validate(
+        json.loads(formatted.example()[len("<tool_call>\n") : -len("\n</tool_call>")]),
+        formatted.schema,
+    )
+    TokenConstraint(formatted, smollm2_tokenizer())  # llguidance compiles it
+    out = _decode_under(TokenConstraint(tool_call_format([NESTED]), smollm2_tokenizer()), 0, 300)
+    assert out[-1] == END
+    [call] = parse_reply(make_tool_parser("hermes"), decode(out[:-1])).calls
+    jsonschema.validate(json.loads(call.arguments), NESTED["function"]["parameters"])
