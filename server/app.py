@@ -139,6 +139,22 @@ class OpenAIApp:
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
             await self._http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self._refuse_websocket(scope, receive, send)
+
+    @staticmethod
+    async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a WebSocket (the Responses API's WebSocket mode is not served): a 404
+        with an OpenAI-style body through ASGI's ``websocket.http.response`` extension,
+        which hypercorn offers; a close before accepting (403) where it is absent."""
+        await receive()  # websocket.connect
+        if "websocket.http.response" not in scope.get("extensions", {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        error = APIError(404, f"{scope.get('path', '')} is not served over WebSocket; use HTTP")
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "websocket.http.response.start", "status": 404, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": error.body()})
 
     @staticmethod
     async def _lifespan(receive: Receive, send: Send) -> None:

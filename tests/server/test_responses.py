@@ -127,3 +127,33 @@ async def test_what_the_responses_api_does_not_serve_is_refused_naming_the_field
         (400, "tools[0].type"),
         (400, "input[0].content[0].type"),
     ]
+
+
+def test_a_websocket_upgrade_is_refused_with_a_404_that_says_so():
+    import base64
+    import socket
+    from urllib.parse import urlparse
+
+    from tests.server.conftest import serve_process
+
+    with serve_process() as served:
+        url = urlparse(served.url)
+        with socket.create_connection((url.hostname, url.port), timeout=30) as conn:
+            key = base64.b64encode(b"0123456789abcdef").decode()
+            conn.sendall(
+                (
+                    "GET /v1/responses HTTP/1.1\r\n"
+                    f"Host: {url.hostname}:{url.port}\r\n"
+                    "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                    f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                ).encode()
+            )
+            reply = b""
+            while b"WebSocket; use HTTP" not in reply:  # the body (chunked or not)
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n")[0].split()[1] == b"404", head
+    assert b'"message":"/v1/responses is not served over WebSocket; use HTTP"' in body
