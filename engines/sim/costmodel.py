@@ -23,6 +23,13 @@ Formulas:
 - A step (continuous batching: prefill chunks and a decode batch share one forward pass) takes
   ``max(total FLOPs / (tp · F), bytes per GPU / B)``: compute and memory overlap perfectly, and the
   weights are read once for the whole batch.
+- A hardware profile may refine that roofline (its defaults leave it as is): with ``c`` and
+  ``m`` a step's compute and memory seconds, a step takes
+  ``max(c, m) + (1 − overlap) · min(c, m) + step_overhead_s + sequences · sequence_overhead_s``,
+  where ``overlap`` is the share of the shorter hidden under the longer (1 on a GPU; a CPU
+  runs much of them one after the other) and the overheads are what every forward and every
+  sequence in it cost beyond the roofline (launches, per-sequence attention calls), as
+  ``pbkv calibrate`` measures them on the torch engine.
 - Host↔device copy of ``x`` bytes (all GPUs together) takes ``x / (tp · host_link_bytes_per_s)``:
   each GPU moves its own ``1 / tp`` shard over its own link.
 
@@ -48,7 +55,8 @@ __all__ = ["CostModel", "DecodeRun", "PrefillChunk", "StepCost"]
 
 class _Terms(NamedTuple):
     """:meth:`CostModel.step_cost`'s constant factors: ``2·P``, ``4·L·H·d``, the weight
-    and per-token KV bytes of one GPU, and the achieved rates ``tp·F`` and ``B``."""
+    and per-token KV bytes of one GPU, the achieved rates ``tp·F`` and ``B``, and the
+    profile's refinements of the roofline (``refined``: any differs from the roofline)."""
 
     matmul_flops_per_token: float
     attention_flops_per_pair: float
@@ -56,6 +64,10 @@ class _Terms(NamedTuple):
     kv_bytes_per_token_per_gpu: int
     compute_flops_per_s: float
     memory_bandwidth_bytes_per_s_per_gpu: float
+    step_overhead_s: float = 0.0
+    sequence_overhead_s: float = 0.0
+    overlap: float = 1.0
+    refined: bool = False
 
 
 class PrefillChunk(NamedTuple):
@@ -81,17 +93,23 @@ class StepCost:
         bytes_per_gpu: device-memory bytes one GPU reads or writes.
         compute_s: ``flops`` at the replica's achieved compute rate.
         memory_s: ``bytes_per_gpu`` at one GPU's achieved memory bandwidth.
+        overhead_s: the step's and its sequences' overheads beyond the roofline.
+        overlap: share of the shorter of ``compute_s`` and ``memory_s`` hidden under the
+            longer.
     """
 
     flops: float
     bytes_per_gpu: float
     compute_s: float
     memory_s: float
+    overhead_s: float = 0.0
+    overlap: float = 1.0
 
     @property
     def step_s(self) -> float:
-        """Return the step time, ``max(compute_s, memory_s)`` (perfect overlap)."""
-        return max(self.compute_s, self.memory_s)
+        """Return the step time: ``max(compute_s, memory_s)`` (perfect overlap), plus the
+        part of the shorter not hidden and the overheads (module docstring)."""
+        return _combined(self.compute_s, self.memory_s, self.overhead_s, self.overlap)
 
 
 @dataclass(frozen=True)
@@ -247,6 +265,8 @@ class CostModel:
             ValueError: a count is negative, a chunk has no new tokens, or KV tokens are read
                 with no decode batch.
         """
+        if not isinstance(prefill_chunks, (list, tuple)):
+            prefill_chunks = list(prefill_chunks)
         flops, bytes_per_gpu = self._step_work(prefill_chunks, decode_batch, decode_kv_tokens)
         t = self._terms
         return StepCost(
@@ -254,7 +274,17 @@ class CostModel:
             bytes_per_gpu=bytes_per_gpu,
             compute_s=flops / t.compute_flops_per_s,
             memory_s=bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu,
+            overhead_s=self._overhead_s(len(prefill_chunks) + decode_batch),
+            overlap=t.overlap,
         )
+
+    def _overhead_s(self, sequences: int) -> float:
+        """Return a step's overheads beyond the roofline: ``step_overhead_s`` plus
+        ``sequences · sequence_overhead_s``; ``0.0`` for an empty step."""
+        t = self._terms
+        if not sequences or not t.refined:
+            return 0.0
+        return t.step_overhead_s + sequences * t.sequence_overhead_s
 
     def _step_work(
         self, prefill_chunks: Sequence[tuple[int, int]], decode_batch: int, decode_kv_tokens: int
@@ -290,7 +320,7 @@ class CostModel:
     @functools.cached_property
     def _terms(self) -> _Terms:
         """The step roofline's constant factors (the profiles are frozen)."""
-        m = self.model
+        m, hw = self.model, self.hardware
         return _Terms(
             matmul_flops_per_token=2.0 * m.num_params,
             attention_flops_per_pair=4.0 * m.num_layers * m.num_attention_heads * m.head_dim,
@@ -298,6 +328,10 @@ class CostModel:
             kv_bytes_per_token_per_gpu=self.kv_bytes_per_token_per_gpu,
             compute_flops_per_s=self.compute_flops_per_s,
             memory_bandwidth_bytes_per_s_per_gpu=self.memory_bandwidth_bytes_per_s_per_gpu,
+            step_overhead_s=hw.step_overhead_s,
+            sequence_overhead_s=hw.sequence_overhead_s,
+            overlap=hw.overlap,
+            refined=(hw.step_overhead_s, hw.sequence_overhead_s, hw.overlap) != (0.0, 0.0, 1.0),
         )
 
     def step_s(
@@ -307,11 +341,16 @@ class CostModel:
         decode_kv_tokens: int,
     ) -> float:
         """Return the seconds of one continuous-batching step (see ``step_cost``)."""
+        if not isinstance(prefill_chunks, (list, tuple)):
+            prefill_chunks = list(prefill_chunks)
         flops, bytes_per_gpu = self._step_work(prefill_chunks, decode_batch, decode_kv_tokens)
         t = self._terms
-        return max(
-            flops / t.compute_flops_per_s, bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
-        )
+        compute_s = flops / t.compute_flops_per_s
+        memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
+        if not t.refined:
+            return max(compute_s, memory_s)
+        overhead_s = self._overhead_s(len(prefill_chunks) + decode_batch)
+        return _combined(compute_s, memory_s, overhead_s, t.overlap)
 
     def prefill_compute_s(self, prefill_chunks: Sequence[tuple[int, int]]) -> float:
         """Return the compute seconds of ``prefill_chunks`` alone in a step:
@@ -362,8 +401,21 @@ class CostModel:
             t = self._terms
             memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
             slack_s = max(0.0, memory_s - flops / t.compute_flops_per_s)
+        if self._terms.overlap < 1.0:
+            slack_s *= self._terms.overlap  # only the hidden share of a token's compute is free
         per_token_s = 2.0 * self.model.num_params / self.compute_flops_per_s
         return int(slack_s / per_token_s)
+
+    def forward_s(self) -> float:
+        """Return the seconds of a decode step that do not grow with its batch (the
+        weights' read, the step's overhead): ``2 · decode_step_s(1, 1) −
+        decode_step_s(2, 2)``, a one-sequence step less what a second sequence adds."""
+        return 2.0 * self.decode_step_s(1, 1) - self.decode_step_s(2, 2)
+
+    def prefill_token_s(self) -> float:
+        """Return a prefill token's compute seconds, ``2·P / (tp·F)``: what recomputing
+        one token costs in a compute-bound chunk (its attention left out)."""
+        return self._terms.matmul_flops_per_token / self._terms.compute_flops_per_s
 
     def decode_step_s(self, batch_size: int, kv_tokens_read: int) -> float:
         """Return the seconds of one decode step of ``batch_size`` sequences alone in a step.
@@ -399,7 +451,11 @@ class CostModel:
         bytes_per_gpu = t.weight_bytes_per_gpu + k * t.kv_bytes_per_token_per_gpu
         compute_s = flops / t.compute_flops_per_s
         memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
-        return DecodeRun(float(np.maximum(compute_s, memory_s).sum()), float(flops.sum()))
+        step_s = np.maximum(compute_s, memory_s)
+        if t.refined:
+            step_s = step_s + (1.0 - t.overlap) * np.minimum(compute_s, memory_s)
+            step_s = step_s + self._overhead_s(1)
+        return DecodeRun(float(step_s.sum()), float(flops.sum()))
 
     def transfer_s(self, num_bytes: int) -> float:
         """Return the seconds to copy ``num_bytes`` (all GPUs together) host↔device.
@@ -411,6 +467,17 @@ class CostModel:
         """
         _check_count("num_bytes", num_bytes)
         return num_bytes / self.bandwidth_bytes_per_s
+
+
+def _combined(compute_s: float, memory_s: float, overhead_s: float, overlap: float) -> float:
+    """Return a step's seconds from its compute and memory seconds (module docstring):
+    ``max`` alone at the roofline's defaults, bit for bit."""
+    step_s = max(compute_s, memory_s)
+    if overlap < 1.0:
+        step_s += (1.0 - overlap) * min(compute_s, memory_s)
+    if overhead_s:
+        step_s += overhead_s
+    return step_s
 
 
 def _check_count(name: str, value: int) -> None:

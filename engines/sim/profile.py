@@ -4,7 +4,9 @@ A profile is a TOML data file in ``engines/sim/profiles/`` (shipped as package d
 is ``"hardware"`` or ``"model"``, its name is the file's stem, and each number ``x`` may carry its
 provenance in a neighbouring ``x_source`` string. Shipped profiles cite a source for every number.
 
-Hardware figures are **per GPU**; ``tp`` says how many GPUs share one model replica.
+Hardware figures are **per GPU**; ``tp`` says how many GPUs share one model replica. A
+hardware profile may leave out the fields that refine the roofline (``step_overhead_s``,
+``sequence_overhead_s``, ``overlap``); their defaults are the pure roofline.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -63,6 +65,13 @@ class HardwareProfile:
         bandwidth_efficiency: achieved fraction of ``memory_bandwidth_bytes_per_s`` in decode,
             in (0, 1].
         reserve_bytes_per_gpu: memory kept from the KV pool (runtime, activations, headroom).
+        step_overhead_s: seconds every forward step costs beyond its roofline (kernel
+            launches, the framework's per-step work), >= 0.
+        sequence_overhead_s: seconds each sequence in a step adds beyond its roofline
+            (its own attention calls, its row's bookkeeping), >= 0.
+        overlap: share of the shorter of a step's compute and memory times hidden under
+            the longer, in [0, 1]: 1 is the roofline's perfect overlap (a GPU), 0 runs
+            them one after the other.
         sources: field name -> where its number comes from.
 
     Raises:
@@ -79,6 +88,9 @@ class HardwareProfile:
     compute_efficiency: float
     bandwidth_efficiency: float
     reserve_bytes_per_gpu: int
+    step_overhead_s: float = 0.0
+    sequence_overhead_s: float = 0.0
+    overlap: float = 1.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,11 +135,14 @@ class ModelProfile:
 class _Rule(NamedTuple):
     integral: bool
     at_most_one: bool
+    zero_ok: bool = False
 
 
 _POSITIVE_INT = _Rule(integral=True, at_most_one=False)
 _POSITIVE_NUMBER = _Rule(integral=False, at_most_one=False)
 _FRACTION = _Rule(integral=False, at_most_one=True)
+_NON_NEGATIVE = _Rule(integral=False, at_most_one=False, zero_ok=True)
+_SHARE = _Rule(integral=False, at_most_one=True, zero_ok=True)
 
 _HARDWARE_RULES: Mapping[str, _Rule] = {
     "tp": _POSITIVE_INT,
@@ -138,6 +153,9 @@ _HARDWARE_RULES: Mapping[str, _Rule] = {
     "compute_efficiency": _FRACTION,
     "bandwidth_efficiency": _FRACTION,
     "reserve_bytes_per_gpu": _POSITIVE_INT,
+    "step_overhead_s": _NON_NEGATIVE,
+    "sequence_overhead_s": _NON_NEGATIVE,
+    "overlap": _SHARE,
 }
 _MODEL_RULES: Mapping[str, _Rule] = {
     "num_layers": _POSITIVE_INT,
@@ -162,8 +180,12 @@ def _check_number(name: str, value: object, rule: _Rule) -> None:
     if isinstance(value, bool) or not isinstance(value, wanted):
         kind = "an integer" if rule.integral else "a number"
         raise ProfileError(f"field {name!r} must be {kind}, got {value!r}", field_name=name)
-    if value <= 0 or (rule.at_most_one and value > 1):
-        bounds = "in (0, 1]" if rule.at_most_one else "> 0"
+    low = value < 0 if rule.zero_ok else value <= 0
+    if low or (rule.at_most_one and value > 1):
+        if rule.at_most_one:
+            bounds = "in [0, 1]" if rule.zero_ok else "in (0, 1]"
+        else:
+            bounds = ">= 0" if rule.zero_ok else "> 0"
         raise ProfileError(f"field {name!r} must be {bounds}, got {value!r}", field_name=name)
 
 
@@ -283,6 +305,7 @@ def _split(
             f"field 'kind' must be {kind!r}, got {data.get('kind')!r}", field_name="kind"
         )
     expected = {f.name for f in fields(cls)} - {"name", "sources"}
+    optional = {f.name for f in fields(cls) if f.default is not MISSING}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for key, value in data.items():
@@ -295,7 +318,7 @@ def _split(
             values[key] = value
         elif key != "kind":
             raise ProfileError(f"unknown field {key!r} in a {kind} profile", field_name=key)
-    missing = sorted(expected - values.keys())
+    missing = sorted(expected - optional - values.keys())
     if missing:
         raise ProfileError(f"missing field {missing[0]!r}", field_name=missing[0])
     return values, sources

@@ -1,20 +1,26 @@
 """Measure the torch engine on this machine and fit a sim hardware profile to it (§7.1).
 
-The sim's cost model is a roofline: a step takes ``max(FLOPs / F, bytes / B)`` with the
-weights read once per step and every KV token touched (``engines/sim/costmodel.py``).
-Calibration measures what the engine's own steps cost here, then picks the rates that
-reproduce them in the sim's own units:
+The sim's cost model is a roofline refined by three figures of the hardware profile
+(``engines/sim/costmodel.py``): a step takes ``max(c, m) + (1 − overlap) · min(c, m) +
+step_overhead_s + sequences · sequence_overhead_s``, where ``c`` is its FLOPs over ``F``
+and ``m`` its bytes over ``B`` (the weights read once per step, every KV token touched).
+Calibration times the engine's own packed forward and LM head
+(:class:`~pbkv.engines.torchengine.forward.PagedForward`, as its worker runs a step) on
+this machine, then picks the figures that reproduce those times in the sim's own units:
 
-- ``F`` (``peak_flops_per_s``, at ``compute_efficiency`` 1) from one prefill chunk alone:
-  ``2 · P · tokens / seconds``, as the sim counts a prefill token's FLOPs;
-- ``B`` (``memory_bandwidth_bytes_per_s``, at ``bandwidth_efficiency`` 1) from pure
-  decode steps at several batch sizes and contexts: the single rate that best fits
-  ``(P · b + tokens read · KV bytes per token) / B`` to each, in relative error, where
-  ``b`` is the sim's dtype bytes (2) whatever the engine runs (fp32 on CPU): the sim
-  counts bytes in its own dtype, so the rate is in those units;
-- the host link from block copies between the two pools, in the same units.
+- prefill chunks alone of several sizes (``F``: a token's compute, ``2 · P`` FLOPs);
+- pure decode steps at several batch sizes and contexts (``B``, in the sim's 2-byte units
+  whatever the engine runs, fp32 on CPU; and what each sequence adds);
+- decode steps that also carry a prefill chunk: how much of a chunk's compute a decode
+  step hides, ``overlap`` (1 on a GPU, whose decode leaves compute idle; about 0 on a
+  CPU, which runs a token's compute whatever runs beside it).
 
-Plain synchronous code apart from the engine runs it measures through.
+For each ``overlap`` from 0 to 1 in steps of 0.05, the other four figures are the
+non-negative least squares fit in relative error (the overheads may be 0); the
+``overlap`` that fits best is kept. The host link comes from block copies between the
+two pools, in the same units.
+
+Plain synchronous code apart from the forwards it times.
 """
 
 from __future__ import annotations
@@ -23,20 +29,20 @@ import datetime
 import os
 import platform
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
-import trio
 
-from pbkv.engines.base import GenerateRequest
 from pbkv.engines.sim.costmodel import CostModel
 from pbkv.engines.sim.profile import HardwareProfile, ModelProfile
-from pbkv.engines.torchengine.engine import TorchEngine, TorchEngineConfig, make_kv_config
+from pbkv.engines.torchengine.forward import PagedForward, Segment
 from pbkv.engines.torchengine.measure import reload_bytes_per_s
-from pbkv.kvmanager import KVManager
+from pbkv.engines.torchengine.model import KVLayout
+from pbkv.engines.torchengine.pool import PagedKVPools
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -45,35 +51,52 @@ SIM_DTYPE_BYTES = 2
 """Bytes per element the sim's cost model counts (``CostModel``'s default, as the
 runtime builds it)."""
 
-DEFAULT_POINTS = ((1, 512), (2, 512), (4, 512), (4, 1024))
-"""``(batch, context tokens)`` of the decode steps measured: the torch bench's range at
-concurrency 4 (hover cut to CPU size: prompts of 200-600 tokens)."""
+DEFAULT_POINTS = ((1, 512), (2, 512), (4, 512), (8, 512), (4, 1024))
+"""``(batch, context tokens)`` of the pure decode steps measured: the torch bench's range
+at concurrency 4 (hover cut to CPU size: prompts of 200-600 tokens), and a batch of 8."""
+
+CHUNK_FRACTIONS = (16, 4, 1)
+"""Prefill chunks measured: ``prefill_tokens`` over each (512: 32, 128 and 512 tokens)."""
+
+MIXED_FRACTIONS = (16, 4)
+"""Chunks measured beside a decode batch: ``prefill_tokens`` over each."""
+
+OVERLAPS = tuple(i / 20 for i in range(21))
+"""The ``overlap`` values the fit tries."""
+
+BLOCK_SIZE = 16
+"""Tokens per pool block in the measurement."""
 
 
-class DecodePoint(NamedTuple):
-    """A pure decode step of ``batch`` sequences of ``context_tokens`` each: its seconds."""
+class StepPoint(NamedTuple):
+    """One measured forward: prefill ``chunks`` (new tokens, cached tokens) beside
+    ``batch`` decoding sequences of ``context_tokens`` each; its median seconds."""
 
+    chunks: tuple[tuple[int, int], ...]
     batch: int
     context_tokens: int
     step_s: float
 
+    @property
+    def what(self) -> str:
+        """Name the step: ``prefill 512``, ``decode b=4 k=512``, or both with ``+``."""
+        parts = [f"decode b={self.batch} k={self.context_tokens}"] if self.batch else []
+        parts += [f"prefill {n}" + (f" over {m}" if m else "") for n, m in self.chunks]
+        return " + ".join(parts)
+
 
 @dataclass(frozen=True, slots=True)
 class Calibration:
-    """What the engine's steps cost on this machine.
+    """What the engine's forwards cost on this machine.
 
     Attributes:
-        prefill_tokens: tokens of the prefill chunk measured.
-        prefill_s: its median seconds (the forward alone, no decodes beside it).
-        decode: pure decode steps measured (median seconds each).
+        points: every forward measured (median seconds each).
         reload_bytes_per_s: host → device block copies, in the engine's bytes.
         engine_dtype_bytes: bytes per element the engine computes in.
         threads: torch's intra-op threads during the measurement.
     """
 
-    prefill_tokens: int
-    prefill_s: float
-    decode: tuple[DecodePoint, ...]
+    points: tuple[StepPoint, ...]
     reload_bytes_per_s: float
     engine_dtype_bytes: int
     threads: int
@@ -87,116 +110,216 @@ def calibrate(
     steps: int = 8,
     repeats: int = 3,
 ) -> Calibration:
-    """Measure ``model`` on the torch engine: one prefill chunk of ``prefill_tokens``
-    (``repeats`` fresh prompts), ``steps`` pure decode steps at each ``(batch, context)``
-    of ``points``, and host → device copies.
+    """Measure ``model``'s packed forward and LM head: prefill chunks alone
+    (``prefill_tokens`` and fractions of it, :data:`CHUNK_FRACTIONS`), pure decode steps
+    at each ``(batch, context)`` of ``points``, the smaller chunks beside the decode batch
+    nearest ``(4, 512)`` (:data:`MIXED_FRACTIONS`), and host → device copies.
+
+    The forwards are timed in rounds, each timing every point once (the chunks alone in
+    the first ``repeats`` rounds, the rest in all ``steps``), so a change in the
+    machine's load falls on every point alike; each point keeps its median.
 
     Raises:
-        ValueError: a count below 1.
+        ValueError: a count below 1, or no decode point.
     """
-    if min(prefill_tokens, steps, repeats, *(n for p in points for n in p)) < 1:
-        raise ValueError("calibration counts must be >= 1")
+    if not points or min(prefill_tokens, steps, repeats, *(n for p in points for n in p)) < 1:
+        raise ValueError("calibration counts must be >= 1, with at least one decode point")
     weight = next(model.parameters())
-    rng = np.random.default_rng(0)
-    _serve(model, _prompts(model, rng, 2, 32), 3)  # one-off kernel set-up, not measured
-    prefills = [_prefill_s(model, rng, prefill_tokens) for _ in range(repeats)]
-    decode = tuple(DecodePoint(b, k, _decode_step_s(model, rng, b, k, steps)) for b, k in points)
+    chunks = sorted({max(1, prefill_tokens // f) for f in CHUNK_FRACTIONS})
+    beside = min(points, key=lambda p: (abs(p[0] - 4), abs(p[1] - 512)))
+    mixed = sorted({max(1, prefill_tokens // f) for f in MIXED_FRACTIONS})
+    batch = max(p[0] for p in points) + 1
+    context = max(max(p[1] for p in points), prefill_tokens) + 1
+    bench = _Forwards(model, batch, context)
+    bench.time(((32, 0),), 0, 0)  # one-off kernel set-up, not measured
+    plan = [(((n, 0),), 0, 0, repeats) for n in chunks]
+    plan += [((), b, k, steps) for b, k in points]
+    plan += [(((n, 0),), *beside, steps) for n in mixed]
+    times: list[list[float]] = [[] for _ in plan]
+    for round_ in range(max(steps, repeats)):
+        for (step_chunks, b, k, runs), seen in zip(plan, times, strict=True):
+            if round_ < runs:
+                seen.append(bench.time(step_chunks, b, k))
+    measured = [
+        StepPoint(step_chunks, b, k, statistics.median(seen))
+        for (step_chunks, b, k, _), seen in zip(plan, times, strict=True)
+    ]
     return Calibration(
-        prefill_tokens=prefill_tokens,
-        prefill_s=statistics.median(prefills),
-        decode=decode,
-        reload_bytes_per_s=reload_bytes_per_s(model, 16),
+        points=tuple(measured),
+        reload_bytes_per_s=reload_bytes_per_s(model, BLOCK_SIZE),
         engine_dtype_bytes=weight.element_size(),
         threads=torch.get_num_threads(),
     )
 
 
-def _serve(model: PreTrainedModel, prompts: list[tuple[int, ...]], new_tokens: int) -> TorchEngine:
-    """Serve ``prompts`` at once on a fresh engine (every prompt prefilled in its first
-    step, nothing cached) for ``new_tokens`` each; return the engine after."""
-    block_size = 16
-    blocks = len(prompts) * -(-(max(map(len, prompts)) + new_tokens) // block_size)
-    kv_config = make_kv_config(
-        model, block_size=block_size, gpu_capacity_blocks=blocks, host_capacity_blocks=0
-    )
-    config = TorchEngineConfig(
-        max_batch_size=len(prompts),
-        max_prefill_tokens=sum(map(len, prompts)),
-        stop_token_ids=(),
-    )
-    engine = TorchEngine(KVManager(kv_config, trio.current_time), model, config)
+class _Forwards:
+    """Times packed forwards of ``model`` over a pool that holds ``sequences`` sequences
+    of ``tokens`` tokens each."""
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            async with trio.open_nursery() as callers:
-                for i, prompt in enumerate(prompts):
-                    request = GenerateRequest(f"c{i}", None, "probe", prompt, new_tokens)
-                    callers.start_soon(engine.generate, request)
-            nursery.cancel_scope.cancel()
+    def __init__(self, model: PreTrainedModel, sequences: int, tokens: int) -> None:
+        weight = next(model.parameters())
+        layout = KVLayout.of(model.config, BLOCK_SIZE, weight.dtype)
+        self._per_seq = -(-tokens // BLOCK_SIZE)
+        self._pools = PagedKVPools(layout, sequences * self._per_seq, 0, weight.device)
+        self._forward = PagedForward(model, self._pools)
+        self._head = model.get_output_embeddings()
+        self._vocab = int(model.config.vocab_size)
+        self._device = weight.device
+        self._rng = np.random.default_rng(0)
 
-    trio.run(main)
-    return engine
+    def time(self, chunks: tuple[tuple[int, int], ...], batch: int, context: int) -> float:
+        """Return the seconds of one forward of ``batch`` decodes over ``context`` tokens
+        each beside prefill ``chunks`` (new, cached tokens), the LM head's picks read."""
+        segments = [self._decode(i, context) for i in range(batch)]
+        segments += [self._chunk(batch + i, n, m) for i, (n, m) in enumerate(chunks)]
+        with torch.inference_mode():
+            if self._device.type == "cuda":
+                torch.cuda.synchronize(self._device)
+            started = time.perf_counter()
+            hidden = self._forward(segments)
+            self._head(hidden).argmax(-1).tolist()  # as the engine's worker reads picks
+            return time.perf_counter() - started
 
+    def _blocks(self, sequence: int) -> list[int]:
+        return list(range(sequence * self._per_seq, (sequence + 1) * self._per_seq))
 
-def _prompts(model: PreTrainedModel, rng: np.random.Generator, n: int, tokens: int):
-    vocab = int(model.config.vocab_size)
-    return [tuple(int(t) for t in rng.integers(0, vocab, tokens)) for _ in range(n)]
+    def _decode(self, sequence: int, context: int) -> Segment:
+        token = (int(self._rng.integers(self._vocab)),)
+        return Segment(token, context, self._blocks(sequence), context)
 
-
-def _prefill_s(model: PreTrainedModel, rng: np.random.Generator, tokens: int) -> float:
-    stats = _serve(model, _prompts(model, rng, 1, tokens), 1).statistics()
-    return stats.prefill_s
-
-
-def _decode_step_s(
-    model: PreTrainedModel, rng: np.random.Generator, batch: int, context: int, steps: int
-) -> float:
-    stats = _serve(model, _prompts(model, rng, batch, context), steps + 1).statistics()
-    return stats.decode_s / stats.decode_forwards
+    def _chunk(self, sequence: int, new: int, cached: int) -> Segment:
+        ids = tuple(int(t) for t in self._rng.integers(0, self._vocab, new))
+        return Segment(ids, cached, self._blocks(sequence), cached)
 
 
 # -- the fit -------------------------------------------------------------------------------
 
 
+class _Rates(NamedTuple):
+    step_overhead_s: float
+    sequence_overhead_s: float
+    flops_per_s: float
+    bytes_per_s: float
+
+
+def _work(point: StepPoint, cost: CostModel) -> tuple[float, float, int]:
+    """Return a point's FLOPs, bytes (the sim's units) and sequences, as ``cost`` counts
+    them."""
+    step = cost.step_cost(list(point.chunks), point.batch, point.batch * (point.context_tokens + 1))
+    return step.flops, step.bytes_per_gpu, len(point.chunks) + point.batch
+
+
+def _unit_cost(model: ModelProfile) -> CostModel:
+    """A cost model of ``model`` at unit rates (only its counting of work is used)."""
+    unit = HardwareProfile(
+        name="unit",
+        description="unit rates",
+        tp=1,
+        memory_bytes_per_gpu=1 << 60,
+        memory_bandwidth_bytes_per_s=1.0,
+        peak_flops_per_s=1.0,
+        host_link_bytes_per_s=1.0,
+        compute_efficiency=1.0,
+        bandwidth_efficiency=1.0,
+        reserve_bytes_per_gpu=1,
+    )
+    return CostModel(unit, model, dtype_bytes=SIM_DTYPE_BYTES)
+
+
+def _predict(work: tuple[float, float, int], rates: _Rates, overlap: float) -> float:
+    flops, nbytes, sequences = work
+    c, m = flops / rates.flops_per_s, nbytes / rates.bytes_per_s
+    overhead = rates.step_overhead_s + sequences * rates.sequence_overhead_s
+    return max(c, m) + (1.0 - overlap) * min(c, m) + overhead
+
+
+def _fit_rates(
+    works: list[tuple[float, float, int]], times: np.ndarray, overlap: float
+) -> _Rates | None:
+    """Return the rates that fit ``times`` best in relative error at ``overlap``, the
+    overheads non-negative; ``None`` if no positive rates fit.
+
+    With each step's bound (compute or memory) fixed, a step's time is linear in the two
+    overheads and the two inverse rates; the bounds are re-read from the last fit until
+    they settle.
+    """
+    flops = np.array([w[0] for w in works])
+    nbytes = np.array([w[1] for w in works])
+    sequences = np.array([float(w[2]) for w in works])
+    inv_f = float(np.median(times / flops))  # a start: every step compute-bound ...
+    inv_b = float(np.min(times / nbytes))  # ... at the rate of the fastest read
+    weight = 1.0 / times
+    for _ in range(50):
+        compute_bound = flops * inv_f >= nbytes * inv_b
+        a = np.where(compute_bound, 1.0, 1.0 - overlap)
+        b = np.where(compute_bound, 1.0 - overlap, 1.0)
+        columns = np.stack([np.ones_like(times), sequences, a * flops, b * nbytes], axis=1)
+        free = [0, 1, 2, 3]
+        while True:
+            solution = np.zeros(4)
+            fitted, *_ = np.linalg.lstsq(columns[:, free] * weight[:, None], times * weight)
+            solution[free] = fitted
+            negative = [i for i in free if solution[i] < 0 and i < 2]
+            if not negative:
+                break
+            free = [i for i in free if i not in negative]  # an overhead of 0
+        if solution[2] <= 0 or solution[3] <= 0:
+            return None
+        settled = abs(solution[2] - inv_f) <= 1e-9 * inv_f and abs(solution[3] - inv_b) <= (
+            1e-9 * inv_b
+        )
+        inv_f, inv_b = float(solution[2]), float(solution[3])
+        if settled:
+            break
+    return _Rates(float(solution[0]), float(solution[1]), 1.0 / inv_f, 1.0 / inv_b)
+
+
 def fit_profile(
     calibration: Calibration, model: ModelProfile, name: str, description: str
 ) -> HardwareProfile:
-    """Return the hardware profile whose roofline reproduces ``calibration`` for ``model``
-    (see the module docstring), with a source line for every number.
+    """Return the hardware profile whose refined roofline reproduces ``calibration`` for
+    ``model`` (see the module docstring), with a source line for every number.
 
     Raises:
-        ValueError: the measurements leave no room for a rate (a zero time).
+        ValueError: a time not above 0, or measurements no positive rates fit.
     """
     cal = calibration
-    if cal.prefill_s <= 0 or any(p.step_s <= 0 for p in cal.decode):
+    if not cal.points or any(p.step_s <= 0 for p in cal.points):
         raise ValueError("calibration times must be > 0")
-    flops_per_s = 2.0 * model.num_params * cal.prefill_tokens / cal.prefill_s
-    kv_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * SIM_DTYPE_BYTES
-    weights = model.num_params * SIM_DTYPE_BYTES
-    per_s = np.array(
-        [(weights + p.batch * (p.context_tokens + 1) * kv_bytes) / p.step_s for p in cal.decode]
-    )
-    bandwidth = float((per_s**2).sum() / per_s.sum())  # min Σ (bytes/B − t)² / t²
+    unit = _unit_cost(model)
+    works = [_work(p, unit) for p in cal.points]
+    times = np.array([p.step_s for p in cal.points])
+    best: tuple[float, float, _Rates] | None = None
+    for overlap in OVERLAPS:
+        rates = _fit_rates(works, times, overlap)
+        if rates is None:
+            continue
+        predicted = np.array([_predict(w, rates, overlap) for w in works])
+        error = float(np.sqrt(np.mean((predicted / times - 1.0) ** 2)))
+        if best is None or error < best[0] - 1e-12:
+            best = (error, overlap, rates)
+    if best is None:
+        raise ValueError("no positive compute and memory rates fit the measurements")
+    error, overlap, rates = best
     link = cal.reload_bytes_per_s * SIM_DTYPE_BYTES / cal.engine_dtype_bytes
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     when = datetime.date.today().isoformat()
     by = f"pbkv calibrate on {platform.node() or 'this machine'}, {when}, {cal.threads} threads"
-    points = ", ".join(
-        f"b{p.batch}/k{p.context_tokens}: {p.step_s * 1e3:.0f} ms" for p in cal.decode
+    fitted = (
+        f"{by}: fitted with the other refined-roofline figures to {len(cal.points)} forwards "
+        f"({_listed(cal.points)}), rms error {error:.1%}"
     )
     sources = {
         "tp": "one CPU process",
         "memory_bytes_per_gpu": "physical memory (os.sysconf); the bench sizes tiers in tokens",
         "memory_bandwidth_bytes_per_s": (
-            f"{by}: pure decode steps ({points}) fitted as (P*2 + KV tokens read * "
-            f"{kv_bytes} B) / B, in the sim's 2-byte units (the engine runs "
+            f"{fitted}; in the sim's 2-byte units (the engine runs "
             f"{cal.engine_dtype_bytes}-byte weights)"
         ),
-        "peak_flops_per_s": (
-            f"{by}: a {cal.prefill_tokens}-token prefill chunk alone in "
-            f"{cal.prefill_s * 1e3:.0f} ms (median), at 2*P FLOPs a token"
-        ),
+        "peak_flops_per_s": f"{fitted}; at 2*P FLOPs a prefill token",
+        "step_overhead_s": f"{fitted}; what every forward costs beyond its roofline",
+        "sequence_overhead_s": f"{fitted}; what each sequence in a forward adds",
+        "overlap": f"{fitted}; the best of 0, 0.05, ..., 1",
         "host_link_bytes_per_s": (
             f"{by}: host -> device block copies, {cal.reload_bytes_per_s / 1e9:.2f} GB/s in "
             f"the engine's bytes, scaled to the sim's 2-byte units"
@@ -210,14 +333,21 @@ def fit_profile(
         description=description,
         tp=1,
         memory_bytes_per_gpu=int(ram),
-        memory_bandwidth_bytes_per_s=bandwidth,
-        peak_flops_per_s=flops_per_s,
+        memory_bandwidth_bytes_per_s=rates.bytes_per_s,
+        peak_flops_per_s=rates.flops_per_s,
         host_link_bytes_per_s=link,
         compute_efficiency=1.0,
         bandwidth_efficiency=1.0,
         reserve_bytes_per_gpu=2 * 2**30,
+        step_overhead_s=rates.step_overhead_s,
+        sequence_overhead_s=rates.sequence_overhead_s,
+        overlap=overlap,
         sources=sources,
     )
+
+
+def _listed(points: Sequence[StepPoint]) -> str:
+    return ", ".join(f"{p.what}: {p.step_s * 1e3:.0f} ms" for p in points)
 
 
 class Check(NamedTuple):
@@ -231,20 +361,16 @@ class Check(NamedTuple):
 def check_profile(
     calibration: Calibration, hardware: HardwareProfile, model: ModelProfile
 ) -> list[Check]:
-    """Return every measured step beside what the sim predicts for it with ``hardware``."""
+    """Return every measured forward beside what the sim predicts for it with ``hardware``."""
     cost = CostModel(hardware, model, dtype_bytes=SIM_DTYPE_BYTES)
-    cal = calibration
-    checks = [
+    return [
         Check(
-            f"prefill {cal.prefill_tokens} tokens",
-            cal.prefill_s,
-            cost.prefill_s(cal.prefill_tokens),
+            p.what,
+            p.step_s,
+            cost.step_s(list(p.chunks), p.batch, p.batch * (p.context_tokens + 1)),
         )
+        for p in calibration.points
     ]
-    for p in cal.decode:
-        predicted = cost.decode_step_s(p.batch, p.batch * (p.context_tokens + 1))
-        checks.append(Check(f"decode b={p.batch} k={p.context_tokens}", p.step_s, predicted))
-    return checks
 
 
 def profile_toml(hardware: HardwareProfile) -> str:
@@ -266,7 +392,12 @@ def profile_toml(hardware: HardwareProfile) -> str:
         "compute_efficiency",
         "bandwidth_efficiency",
         "reserve_bytes_per_gpu",
+        "step_overhead_s",
+        "sequence_overhead_s",
+        "overlap",
     ):
+        if field not in hardware.sources:
+            continue  # a refinement left at the roofline's default
         value = getattr(hardware, field)
         text = f"{value:_}" if isinstance(value, int) else f"{value:.6g}"
         lines += ["", f"{field} = {text}", f"{field}_source = {_quoted(hardware.sources[field])}"]

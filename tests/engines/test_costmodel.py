@@ -7,6 +7,7 @@ import pickle
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pbkv.engines.sim.costmodel import CostModel, PrefillChunk
@@ -39,13 +40,16 @@ def test_list_profiles_names_every_shipped_profile_by_kind() -> None:
 
 @pytest.mark.parametrize("name", list_profiles().hardware)
 def test_shipped_hardware_profile_cites_a_source_for_every_number(name: str) -> None:
+    """Every required number, and every refinement of the roofline the file sets (those
+    it leaves out keep the roofline's defaults)."""
     profile = load_hardware(name)
-    numbers = {f.name for f in dataclasses.fields(HardwareProfile)} - {
-        "name",
-        "description",
-        "sources",
-    }
-    assert set(profile.sources) == numbers
+    fields = dataclasses.fields(HardwareProfile)
+    required = {f.name for f in fields if f.default is dataclasses.MISSING}
+    numbers = required - {"name", "description", "sources"}
+    refined = {f.name for f in fields if f.default is not dataclasses.MISSING} - {"sources"}
+    assert numbers <= set(profile.sources) <= numbers | refined
+    for field in refined - set(profile.sources):
+        assert getattr(profile, field) == next(f.default for f in fields if f.name == field)
     assert all(source.strip() for source in profile.sources.values())
 
 
@@ -393,3 +397,45 @@ def test_step_times_give_the_formulas_floats_bit_for_bit(hardware: str, model: s
         cost.step_cost([(3, 0), (0, 5)], 1, 10)
     with pytest.raises(ValueError, match=r"prefill_chunks\[0\]: cached_tokens must be >= 0"):
         cost.step_cost([PrefillChunk(3, -1)], 0, 0)
+
+
+def test_a_refined_step_adds_the_unhidden_part_and_the_overheads() -> None:
+    """``max(c, m) + (1 - overlap) min(c, m) + step_overhead_s + sequences x
+    sequence_overhead_s`` (a CPU-like profile); the roofline's floats at the defaults."""
+    smollm2 = load_model("smollm2-135m")
+    cpu = load_hardware("cpu-2core")
+    roofline = dataclasses.replace(cpu, step_overhead_s=0.0, sequence_overhead_s=0.0, overlap=1.0)
+    refined = dataclasses.replace(
+        roofline, step_overhead_s=0.01, sequence_overhead_s=0.002, overlap=0.25
+    )
+    base, cost = CostModel(roofline, smollm2), CostModel(refined, smollm2)
+    for chunks, batch, kv_tokens in (([(32, 0)], 4, 2000), ([], 1, 513), ([(512, 0)], 0, 0)):
+        roof = base.step_cost(chunks, batch, kv_tokens)
+        c, m = roof.compute_s, roof.memory_s
+        want = max(c, m) + 0.75 * min(c, m) + 0.01 + 0.002 * (len(chunks) + batch)
+        assert cost.step_s(chunks, batch, kv_tokens) == pytest.approx(want, rel=1e-12)
+        assert cost.step_cost(iter(chunks), batch, kv_tokens).step_s == pytest.approx(want)
+        assert base.step_s(chunks, batch, kv_tokens) == max(c, m)
+    assert cost.step_s([], 0, 0) == 0.0  # nothing runs: no overhead either
+    run = cost.decode_run(np.array([513, 514]))
+    assert run.seconds == pytest.approx(cost.decode_step_s(1, 513) + cost.decode_step_s(1, 514))
+    decode = base.step_cost([], 4, 2000)
+    per_token_s = 2 * smollm2.num_params / base.compute_flops_per_s
+    assert cost.prefill_slack_tokens(4, 2000) == int(
+        0.25 * (decode.memory_s - decode.compute_s) / per_token_s
+    )
+    assert cost.forward_s() == pytest.approx(
+        2 * cost.decode_step_s(1, 1) - cost.decode_step_s(2, 2)
+    )
+    assert cost.forward_s() == pytest.approx(base.forward_s() + 0.01)  # + the step's overhead
+    assert cost.prefill_token_s() == per_token_s
+
+
+def test_a_profile_may_leave_out_the_refinements_and_bounds_them() -> None:
+    a6000 = load_hardware("a6000")
+    assert (a6000.step_overhead_s, a6000.sequence_overhead_s, a6000.overlap) == (0.0, 0.0, 1.0)
+    assert dataclasses.replace(a6000, overlap=0.0).overlap == 0.0
+    with pytest.raises(ProfileError, match="'overlap' must be in \\[0, 1\\], got 1.5"):
+        dataclasses.replace(a6000, overlap=1.5)
+    with pytest.raises(ProfileError, match="'step_overhead_s' must be >= 0, got -0.1"):
+        dataclasses.replace(a6000, step_overhead_s=-0.1)
