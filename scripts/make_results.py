@@ -21,6 +21,13 @@ PAPER_FORECAST_MS = 1.56  # batch of 1024 states, on GPU
 # issue 13's targets at the paper's hover load (144 workflows, c=72): pbkv's mean latency
 # over lru's, and over lru running the workflow scheduler too
 TARGET_HOVER_C72 = {"lru": 1.5, "lru:workflow": 1.15}
+# issue 28's targets. Open loop at 90% of lru:workflow's capacity, gaps x10, hover and
+# taubench: pbkv's mean latency from arrival over lru:workflow's, and over the best of the
+# 2025-26 baselines, with pbkv's p99 no worse. Every app and seed: pbkv over lru:workflow.
+TARGET_OPEN = {"lru:workflow": 1.3, "baseline": 1.15}
+TARGET_OPEN_POINT = (0.9, 10.0)
+TARGET_WORST = 0.99
+BASELINES = ("continuum", "lru:autellix", "markov-survival:workflow")
 
 
 def load(data: Path, name: str) -> dict | None:
@@ -44,12 +51,17 @@ def by_policy(run: dict) -> dict[str, dict]:
 def bench_table(run: dict) -> list[str]:
     rows = by_policy(run)
     base = rows.get("lru") or run["results"][0]
-    vs = base["policy"]
+    vs = label(base)
+    own_min = all(r.get("min_total_hit_rate") is not None for r in run["results"]) and all(
+        r["min_total_hit_rate"] == r["min_total_hit_rate"] for r in run["results"]
+    )  # NaN (not measured) is the only value unequal to itself
     lines = [
         "| policy | scheduler | predictor | mean lat s | p99 lat s | mean TTFT s | GPU hit % "
         f"| host hit % | total hit % | recomputed tok | speedup vs {vs} | GPU hit ratio "
-        f"| total hit ratio | recompute ratio |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| total hit ratio | recompute ratio |"
+        + (" MIN total hit % (own order) |" if own_min else ""),
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + ("---:|" if own_min else ""),
     ]
     for r in run["results"]:
         total = r.get("total_hit_rate", r["gpu_hit_rate"] + r["host_hit_rate"])
@@ -62,37 +74,191 @@ def bench_table(run: dict) -> list[str]:
             f"{base['mean_latency_s'] / r['mean_latency_s']:.3f}x | "
             f"{r['gpu_hit_rate'] / base['gpu_hit_rate']:.3f}x | {total / base_total:.3f}x | "
             f"{r['recomputed_tokens'] / max(1, base['recomputed_tokens']):.3f}x |"
+            + (f" {100 * r['min_total_hit_rate']:.1f} |" if own_min else "")
         )
     b = run.get("bounds")
+    pad = " |" if own_min else ""
     if b:
         lines.append(
             f"| ceiling (infinite cache) | any | | | | | | | {100 * b['ceiling_hit_rate']:.1f} "
-            "| | | | | |"
+            "| | | | | |" + pad
         )
         lines.append(
             f"| MIN (offline, {b['min_order']} order) | | | | | | {100 * b['min_hit_rate']:.1f} "
-            f"| | {100 * b['min_total_hit_rate']:.1f} | | | | | |"
+            f"| | {100 * b['min_total_hit_rate']:.1f} | | | | | |" + pad
         )
         lines.append(
             f"| floor (lower bound) | any | | {b['floor_latency_s']:.2f} | | | | | | | "
-            f"{base['mean_latency_s'] / b['floor_latency_s']:.3f}x | | | |"
+            f"{base['mean_latency_s'] / b['floor_latency_s']:.3f}x | | | |" + pad
         )
         if "uncontested_latency_s" in b:
             lines.append(
                 f"| uncontested (GPU holds all; not a bound) | {FLOOR_SPEC.partition(':')[2]} | | "
                 f"{b['uncontested_latency_s']:.2f} | | | | | | | "
-                f"{base['mean_latency_s'] / b['uncontested_latency_s']:.3f}x | | | |"
+                f"{base['mean_latency_s'] / b['uncontested_latency_s']:.3f}x | | | |" + pad
             )
     return lines
 
 
 def describe(run: dict) -> str:
     c = run["config"]
-    return (
+    text = (
         f"{c['app']}, {c['workflows']} workflows, concurrency {c['concurrency']}, GPU KV "
         f"{run['gpu_kv_tokens']:,} tokens, {c['hardware']} x {c['model']}, seed {c['seed']}, "
         f"predictor {c['predictor']}"
     )
+    if c.get("host_tier"):
+        text += f", host tier {c['host_tier']}"
+    if is_open(c):
+        text += f", open loop at load {c['load']:g}" if c.get("load") else ", open loop"
+    if c.get("gap_scale", 1.0) != 1.0 or c.get("gap_model", "bundled") != "bundled":
+        text += f", gaps x{c.get('gap_scale', 1.0):g} ({c.get('gap_model', 'bundled')})"
+    return text
+
+
+def is_open(config: dict) -> bool:
+    """Whether a run's config is open loop (``--open-loop``, ``--rate`` or ``--load``)."""
+    return bool(config.get("open_loop") or config.get("rate") or config.get("load"))
+
+
+def stale_note(run: dict) -> list[str]:
+    """A line for a run made before the study took today's defaults (online predictor,
+    write-through host tier): its config names no ``host_tier``."""
+    if "host_tier" in run["config"]:
+        return []
+    return [
+        "*Not rerun in the current study: made before the online predictor and the "
+        "write-through host tier became the defaults. Its command, run today, gives other "
+        "figures; add `--predictor markov --host-tier exclusive` to reproduce them "
+        "([results-notes.md](results-notes.md)).*",
+        "",
+    ]
+
+
+def speedup(run: dict, over: str, of: str) -> float | None:
+    """``over``'s mean latency divided by ``of``'s, or ``None`` when a row is missing."""
+    rows = by_policy(run)
+    if over not in rows or of not in rows:
+        return None
+    return rows[over]["mean_latency_s"] / rows[of]["mean_latency_s"]
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}x"
+
+
+def _lat(rows: dict[str, dict], name: str) -> str:
+    r = rows.get(name)
+    return "-" if r is None else f"{r['mean_latency_s']:.1f} / {r['p99_latency_s']:.1f}"
+
+
+def open_loop_section(data: Path) -> list[str]:
+    """The open-loop summary (``open-*.json``): mean / p99 latency from arrival per row,
+    pbkv's and pbkv-timed's speedups over lru:workflow and the best 2025-26 baseline, and
+    lru:workflow over the uncontested reference (what any cache policy could gain at most)."""
+    runs = [(p, json.loads(p.read_text())) for p in sorted(data.glob("open-*.json"))]
+    if not runs:
+        return []
+    out = [
+        "## Open loop: latency from arrival (issue 28)",
+        "",
+        "`pbkv bench --app APP --workflows 144 --concurrency C --load L --gap-scale G "
+        "--policies lru:workflow,continuum,markov-survival:workflow,pbkv,pbkv-timed:workflow "
+        "--json docs/data/open-APP-loadL-gapG.json` (C = 72 for hover, 48 for taubench; the "
+        "(0.9, 10) runs add `lru:autellix`; swebench runs 96 workflows at C = 24 with "
+        "`--gap-model cited`). Poisson session arrivals at L x lru:workflow's closed-loop "
+        "throughput at C (measured first); every tool and think gap x G; latency counts from "
+        "arrival. Each run's command and full table are below.",
+        "",
+        "Cells: mean / p99 latency from arrival, simulated s. Ratios are speedups in mean "
+        "latency (the other row's mean over pbkv's). *best baseline*: the fastest of "
+        f"{', '.join(BASELINES)} in that run. *lru:workflow / uncontested*: lru:workflow's "
+        "mean over the uncontested reference's (lru:fcfs-balanced, a GPU tier holding "
+        "everything): about the most any cache policy could gain at that load, to read beside "
+        "pbkv / lru:workflow. *p99 ratio* below 1: pbkv's p99 is lower.",
+        "",
+        "| app | load | gaps | lru:workflow | best baseline | pbkv | pbkv-timed "
+        "| pbkv / lru:workflow | pbkv / best baseline | pbkv-timed / lru:workflow "
+        "| lru:workflow / uncontested | pbkv p99 / lru:workflow p99 |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    targets: list[str] = []
+    for _, run in runs:
+        c, rows, b = run["config"], by_policy(run), run.get("bounds") or {}
+        present = [n for n in BASELINES if n in rows]
+        best = min(present, key=lambda n: rows[n]["mean_latency_s"]) if present else None
+        unc = b.get("uncontested_latency_s")
+        wf = rows.get("lru:workflow")
+        headroom = wf["mean_latency_s"] / unc if wf and unc else None
+        p99 = rows["pbkv"]["p99_latency_s"] / wf["p99_latency_s"] if wf and "pbkv" in rows else None
+        gaps = f"x{c.get('gap_scale', 1.0):g} {c.get('gap_model', 'bundled')}"
+        out.append(
+            f"| {c['app']} | {c.get('load') or '-'} | {gaps} | {_lat(rows, 'lru:workflow')} | "
+            + (f"{best} {_lat(rows, best)}" if best else "-")
+            + f" | {_lat(rows, 'pbkv')} | {_lat(rows, 'pbkv-timed:workflow')} | "
+            f"{_ratio(speedup(run, 'lru:workflow', 'pbkv'))} | "
+            f"{_ratio(speedup(run, best, 'pbkv') if best else None)} | "
+            f"{_ratio(speedup(run, 'lru:workflow', 'pbkv-timed:workflow'))} | "
+            f"{_ratio(headroom)} | {_ratio(p99)} |"
+        )
+        point = (c.get("load"), c.get("gap_scale", 1.0))
+        if point == TARGET_OPEN_POINT and c.get("gap_model", "bundled") == "bundled" and best:
+            vs_wf = speedup(run, "lru:workflow", "pbkv")
+            vs_best = speedup(run, best, "pbkv")
+            if vs_wf is None or vs_best is None or p99 is None:
+                continue
+            verdicts = [
+                f"pbkv / lru:workflow {vs_wf:.3f}x (target {TARGET_OPEN['lru:workflow']}x: "
+                f"{'met' if vs_wf >= TARGET_OPEN['lru:workflow'] else 'not met'}; "
+                f"the most any cache policy could gain, lru:workflow / uncontested, "
+                f"{_ratio(headroom)})",
+                f"pbkv / {best} {vs_best:.3f}x (target {TARGET_OPEN['baseline']}x: "
+                f"{'met' if vs_best >= TARGET_OPEN['baseline'] else 'not met'})",
+                f"p99 {p99:.3f}x lru:workflow's ({'no worse' if p99 <= 1 else 'worse'})",
+            ]
+            targets.append(
+                f"- **Target, {c['app']} at load 0.9, gaps x10**: {'; '.join(verdicts)}."
+            )
+    out += ["", *targets, ""] if targets else [""]
+    return out
+
+
+def seeds_section(data: Path) -> list[str]:
+    """pbkv / lru:workflow per app and seed (``seed-*.json``) and the worst of them."""
+    runs = [json.loads(p.read_text()) for p in sorted(data.glob("seed-*.json"))]
+    if not runs:
+        return []
+    out = [
+        "## Seeds: pbkv / lru:workflow on every bundled app (issue 28)",
+        "",
+        "`pbkv bench --app APP --workflows 64 --concurrency 32 --seed S "
+        "--policies lru:workflow,pbkv --json docs/data/seed-APP-seedS.json` (closed loop; "
+        "every bundled app but mooncake). Mean latency s, and pbkv's speedup over lru:workflow.",
+        "",
+        "| app | seed | lru:workflow mean s | pbkv mean s | pbkv / lru:workflow "
+        "| lru:workflow total hit % | pbkv total hit % |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios = []
+    for run in sorted(runs, key=lambda r: (r["config"]["app"], r["config"]["seed"])):
+        c, rows = run["config"], by_policy(run)
+        wf, pb = rows["lru:workflow"], rows["pbkv"]
+        ratio = wf["mean_latency_s"] / pb["mean_latency_s"]
+        ratios.append((ratio, c["app"], c["seed"]))
+        out.append(
+            f"| {c['app']} | {c['seed']} | {wf['mean_latency_s']:.2f} | "
+            f"{pb['mean_latency_s']:.2f} | {ratio:.3f}x | {100 * wf['total_hit_rate']:.1f} | "
+            f"{100 * pb['total_hit_rate']:.1f} |"
+        )
+    worst = min(ratios)
+    out += [
+        "",
+        f"- **Worst pbkv / lru:workflow**: {worst[0]:.3f}x ({worst[1]}, seed {worst[2]}) over "
+        f"{len(ratios)} runs (target {TARGET_WORST}x: "
+        f"{'met' if worst[0] >= TARGET_WORST else 'not met'}).",
+        "",
+    ]
+    return out
 
 
 def sweep_table(run: dict) -> list[str]:
@@ -116,7 +282,8 @@ def headline(data: Path) -> list[str]:
         rows = by_policy(hover)
         lru, pbkv, bounds = rows["lru"], rows["pbkv"], hover.get("bounds")
         out.append(
-            f"- **hover**: pbkv vs lru: {lru['mean_latency_s'] / pbkv['mean_latency_s']:.3f}x "
+            f"- **hover**{earlier(hover)}: pbkv vs lru: "
+            f"{lru['mean_latency_s'] / pbkv['mean_latency_s']:.3f}x "
             f"latency, {pbkv['gpu_hit_rate'] / lru['gpu_hit_rate']:.3f}x GPU hit rate "
             f"(paper: {PAPER_HOVER})."
         )
@@ -139,7 +306,7 @@ def headline(data: Path) -> list[str]:
         rows = by_policy(fin)
         kv, pb = rows["kvflow"], rows["pbkv"]
         out.append(
-            f"- **financebench** (static): pbkv vs kvflow: "
+            f"- **financebench** (static{earlier(fin)}): pbkv vs kvflow: "
             f"{kv['mean_latency_s'] / pb['mean_latency_s']:.3f}x latency, "
             f"{pb['gpu_hit_rate'] / kv['gpu_hit_rate']:.3f}x GPU hit rate (paper: {PAPER_FINANCE})."
         )
@@ -165,7 +332,8 @@ def headline(data: Path) -> list[str]:
             else "aggressive stays at or above he at every λ run"
         )
         out.append(
-            f"- **Noise sweep**: conservative prefetch minus he, worst case over λ: "
+            f"- **Noise sweep**{earlier(noise)}: conservative prefetch minus he, worst case "
+            "over λ: "
             f"{100 * worst:+.2f} pp GPU hit; {aggressive}."
         )
     for name in ("predictor-taubench-cv-members3.json", "predictor-codegen.json"):
@@ -183,8 +351,16 @@ def headline(data: Path) -> list[str]:
     horizon = load(data, "sweep-horizon-hover.json")
     if horizon:
         best = max(horizon["points"], key=lambda p: by_policy(p)["pbkv"]["gpu_hit_rate"])
-        out.append(f"- **Horizon sweep**: pbkv's GPU hit rate peaks at K = {best['value']:g}.")
+        out.append(
+            f"- **Horizon sweep**{earlier(horizon)}: pbkv's GPU hit rate peaks at "
+            f"K = {best['value']:g}."
+        )
     return out
+
+
+def earlier(run: dict | None) -> str:
+    """``", earlier study"`` for a run made before today's defaults (:func:`stale_note`)."""
+    return ", earlier study" if run is not None and "host_tier" not in run["config"] else ""
 
 
 def paper_loads(data: Path) -> list[str]:
@@ -219,7 +395,7 @@ def paper_loads(data: Path) -> list[str]:
         load_ += "" if load_ == "open loop" else str(c["concurrency"])
         out.append(
             f"- **{c['app']}, {c['workflows']} workflows, {load_}, {c['hardware']}** "
-            f"(`{path.stem}`): pbkv {pbkv['mean_latency_s']:.2f} s"
+            f"(`{path.stem}`{earlier(run)}): pbkv {pbkv['mean_latency_s']:.2f} s"
             + (f" (floor {b['floor_latency_s']:.2f} s), " if b else ", ")
             + f"{'; '.join(speedups)}; total hit {hits}."
         )
@@ -318,12 +494,15 @@ def main(data_dir: str, out_md: str) -> None:
         "",
         *headline(data),
         "",
+        *open_loop_section(data),
+        *seeds_section(data),
     ]
-    for path in sorted(data.glob("bench-*.json")):
+    for path in sorted(data.glob("bench-*.json")) + sorted(data.glob("open-*.json")):
         run = json.loads(path.read_text())
         md += [
             f"## `{path.stem}`: {describe(run)}",
             "",
+            *stale_note(run),
             f"`{run['command']}`",
             "",
             *bench_table(run),
@@ -335,6 +514,7 @@ def main(data_dir: str, out_md: str) -> None:
         md += [
             f"## `{name}`",
             "",
+            *stale_note(run),
             f"`{run['command']}`",
             "",
             *sweep_table(run),

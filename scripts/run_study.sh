@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Run the paper's study on the virtual-time engine and regenerate docs/results.md.
 # Every number in docs/results.md comes from the JSON this writes into docs/data/.
-# The runs are independent, so JOBS of them (default: one per CPU) run at once, longest
-# first; each one's output goes to a log file, and a failed run is named with its log.
-# 26 minutes on 2 cores, up to an hour when they are shared (the paper-load sweep is the longest run).
+# The runs are independent, so JOBS of them (default: one per CPU) run at once, the ones the
+# study needs most first; each one's output goes to a log file, and a failed run is named with
+# its log. ONLY=REGEX runs only the runs whose name matches it (the other tables keep their
+# JSON), e.g. ONLY='^open-' or ONLY='^(hover-c72|seed-hover-.*)$'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/data
@@ -20,6 +21,7 @@ names=()
 run() {  # run NAME COMMAND...: start COMMAND once a job slot is free
   local name=$1
   shift
+  [[ -z ${ONLY:-} || $name =~ $ONLY ]] || return 0
   while (($(jobs -rp | wc -l) >= max_jobs)); do wait -n || true; done
   (
     started=$SECONDS
@@ -35,36 +37,70 @@ run() {  # run NAME COMMAND...: start COMMAND once a job slot is free
 }
 
 echo "study: $max_jobs jobs at once, logs in $logs"
+# issue 28: the 2025-26 baselines (Continuum; Autellix's PLAS admission; online-Markov survival
+# eviction) and pbkv with the time-aware score, beside the paper-load rows
+baselines=continuum,lru:autellix,markov-survival:workflow,pbkv-timed:workflow
+open_rows=lru:workflow,continuum,markov-survival:workflow,pbkv,pbkv-timed:workflow
+# open loop (issue 28 items 1, 2): Poisson arrivals at LOAD x lru:workflow's measured closed-loop
+# capacity, latency from arrival, every tool and think gap x GAP; the target point (0.9, 10) also
+# runs Autellix. open_loop NAME APP CONCURRENCY LOAD GAP ROWS [MORE ARGS...]
+open_loop() {
+  local name=$1 app=$2 conc=$3 load=$4 gap=$5 rows=$6
+  shift 6
+  run "$name" pbkv bench --app "$app" --workflows 144 --concurrency "$conc" --load "$load" \
+    --gap-scale "$gap" --policies "$rows" "$@" --json "$out/open-$app-load$load-gap$gap.json"
+}
+# the runs go in order of what the study needs most, so that a study cut short still has them
+open_loop open-hover-0.9-10 hover 72 0.9 10 "$open_rows,lru:autellix"
+open_loop open-taubench-0.9-10 taubench 48 0.9 10 "$open_rows,lru:autellix"
+run hover-c72 pbkv bench --app hover --workflows 144 --concurrency 72 \
+  --policies "$paper,$baselines" --json "$out/bench-hover-c72.json"
+run taubench-c48 pbkv bench --app taubench --workflows 144 --concurrency 48 \
+  --policies "$paper,$baselines" --json "$out/bench-taubench-c48.json"
+run swebench-c24 pbkv bench --app swebench --workflows 96 --concurrency 24 \
+  --policies "$paper,$baselines" --json "$out/bench-swebench-c24.json"
+# seeds (issue 28 item 5: pbkv / lru:workflow >= 0.99 on every app and seed)
+for seed in 0 1 2; do
+  for app in hover codegen swebench financebench groupchat taubench toolloop; do
+    run "seed-$app-$seed" pbkv bench --app "$app" --workflows 64 --concurrency 32 --seed "$seed" \
+      --policies lru:workflow,pbkv --json "$out/seed-$app-seed$seed.json"
+  done
+done
+for point in 0.5:10 1.2:10 0.9:1 0.9:100 1.2:100; do
+  for app in hover taubench; do
+    conc=72
+    [[ $app == taubench ]] && conc=48
+    open_loop "open-$app-${point/:/-}" "$app" "$conc" "${point%:*}" "${point#*:}" "$open_rows"
+  done
+done
+run open-swebench-cited pbkv bench --app swebench --workflows 96 --concurrency 24 --load 0.9 \
+  --gap-scale 10 --gap-model cited --policies "$open_rows" \
+  --json "$out/open-swebench-cited-load0.9-gap10.json"
 run sweep-paper-load pbkv sweep concurrency --app hover --workflows 144 \
   --policies lru,lru:workflow,pbkv --values 8,16,32,48,72,96 --out-dir "$out/paper-load"
-run hover-c72 pbkv bench --app hover --workflows 144 --concurrency 72 --policies "$paper" \
-  --json "$out/bench-hover-c72.json"
 run hover-c72-h200 pbkv bench --app hover --workflows 144 --concurrency 72 --policies "$paper" \
   --hardware h200 --json "$out/bench-hover-c72-h200.json"
-run taubench-c48 pbkv bench --app taubench --workflows 144 --concurrency 48 --policies "$paper" \
-  --json "$out/bench-taubench-c48.json"
 run financebench-c48 pbkv bench --app financebench --workflows 96 --concurrency 48 \
   --policies "$paper" --json "$out/bench-financebench-c48.json"
-run swebench-c24 pbkv bench --app swebench --workflows 96 --concurrency 24 --policies "$paper" \
-  --json "$out/bench-swebench-c24.json"
-run sweep-noise pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive \
-  --values 0,0.1,0.2,0.3,0.5,0.8,1 --out-dir "$out"
-run mooncake pbkv bench --app mooncake --workflows 2000 --policies lru,pbkv --hardware h200 \
-  --model qwen3-14b --json "$out/bench-mooncake-h200.json"
-run sweep-concurrency pbkv sweep concurrency --app hover --policies "$all" --values 2,4,8,16,32 \
-  --out-dir "$out"
 run toolloop-c32 pbkv bench --app toolloop --workflows 96 --concurrency 32 --policies "$paper" \
   --json "$out/bench-toolloop-c32.json"
-run codegen-graphsage pbkv bench --app codegen --policies lru,he,pbkv --predictor graphsage \
-  --train-workflows 1000 --json "$out/bench-codegen-graphsage.json"
 for app in hover codegen swebench financebench groupchat taubench toolloop; do
   run "bench-$app" pbkv bench --app "$app" --policies "$all" --json "$out/bench-$app.json"
 done
-run hover-nohost pbkv bench --app hover --policies "$all" --host-kv-tokens 0 \
-  --json "$out/bench-hover-nohost.json"
 run hover-oracle pbkv bench --app hover --policies pbkv --predictor oracle \
   --json "$out/bench-hover-oracle.json"
-run sweep-horizon pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 --out-dir "$out"
+run mooncake pbkv bench --app mooncake --workflows 2000 --policies lru,pbkv --hardware h200 \
+  --model qwen3-14b --json "$out/bench-mooncake-h200.json"
+run sweep-noise pbkv sweep noise --app hover --policies lru,he,pbkv,pbkv-aggressive \
+  --values 0,0.1,0.2,0.3,0.5,0.8,1 --out-dir "$out"
+run sweep-concurrency pbkv sweep concurrency --app hover --policies "$all" \
+  --values 2,4,8,16,32 --out-dir "$out"
+run codegen-graphsage pbkv bench --app codegen --policies lru,he,pbkv --predictor graphsage \
+  --train-workflows 1000 --json "$out/bench-codegen-graphsage.json"
+run hover-nohost pbkv bench --app hover --policies "$all" --host-kv-tokens 0 \
+  --json "$out/bench-hover-nohost.json"
+run sweep-horizon pbkv sweep horizon --app hover --policies pbkv --values 1,2,3,4,5 \
+  --out-dir "$out"
 run trace-plot pbkv trace-plot --app hover --policies lru,lae,he,pbkv,belady-est \
   --out "$out/hit-timeline-hover.png"
 
