@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from pbkv.engines.base import EngineError, GenerateRequest
 from pbkv.kvmanager import Admission, AdmitRequest, KVManager
@@ -28,6 +28,20 @@ class Running(Waiting, Protocol):
 
 
 E = TypeVar("E", bound=Waiting)
+
+
+class ForwardCosts(NamedTuple):
+    """What an engine's forwards cost now, as a scheduler weighs them (§7.0).
+
+    Args:
+        forward_s: seconds a decode forward costs whatever its rows (the weights' read,
+            launches): what running a decode token in a forward of its own adds.
+        prefill_token_s: marginal seconds of one prefill token (its compute): what
+            recomputing one evicted token costs.
+    """
+
+    forward_s: float
+    prefill_token_s: float
 
 
 def admit_request(

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import trio
 
+from pbkv.engines.admission import ForwardCosts
 from pbkv.engines.base import (
     CallbackFailed,
     EngineError,
@@ -251,6 +252,7 @@ class OwnedCacheEngine(Generic[E]):
             on_reject=self._fail,
             running=len(self._running),
             prefill_share=self.prefill_share,
+            costs=self._forward_costs(),
             retractable=self._retractable() if may_retract else (),
             on_retract=self._retract,
         )
@@ -260,6 +262,10 @@ class OwnedCacheEngine(Generic[E]):
             entry.first_admission = admission
             entry.admit_s = now_s()
         self._start(entry, admission)
+
+    def _forward_costs(self) -> ForwardCosts | None:
+        """Return what the engine's forwards cost now, for the scheduler (unknown here)."""
+        return None
 
     def _retractable(self) -> list[E]:
         """Return the running requests that may be retracted now (none by default)."""

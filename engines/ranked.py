@@ -1,14 +1,15 @@
-"""The schedulers' shared machinery: arrival order and ranked admission with bounded
-bypass (§7.0).
+"""The schedulers' shared machinery: the base every scheduler extends, arrival order, and
+ranked admission with bounded bypass (§7.0).
 
+:class:`Scheduler` holds the engines' one entry point, :meth:`Scheduler.admit`.
 :class:`FCFSScheduler` admits in an order its subclasses may change (arrival order
 here), stopping at the first request that does not fit. :class:`_RankedScheduler`
 admits in :meth:`~_RankedScheduler.rank` order, tries requests past one that does not
 fit, and lets a request overtaken ``max_bypass`` times go first, blocking the queue
 behind it until it fits, so none starves; it also holds back what
-:meth:`~_RankedScheduler.deferred` names and retracts what
-:meth:`~_RankedScheduler.victims` names. The registry and the :class:`Scheduler`
-protocol they satisfy are in :mod:`pbkv.engines.scheduler`.
+:meth:`~_RankedScheduler.deferred` names (unless :meth:`~_RankedScheduler._released`
+lets it in) and retracts what :meth:`~_RankedScheduler.victims` names. The registry is
+in :mod:`pbkv.engines.scheduler`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import operator
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from pbkv.engines.admission import Running, Waiting, admission_of, admit_in_order
+from pbkv.engines.admission import ForwardCosts, Running, Waiting, admission_of, admit_in_order
 from pbkv.engines.base import EngineError, GenerateRequest
 from pbkv.kvmanager import Admission, AdmitRequest, KVManager
 from pbkv.kvmanager.node import NO_WORKFLOW
@@ -30,6 +31,8 @@ R = TypeVar("R", bound=Running)
 DEFAULT_MAX_BYPASS = 32
 """Times a queued request may be overtaken before it blocks everything behind it."""
 
+
+_NONE: frozenset[int] = frozenset()
 
 DEFAULT_MAX_RETRACTIONS = 2
 """Times one request may be retracted (paused and requeued) before it runs to its end."""
@@ -50,7 +53,8 @@ class _Quiet:
     Its outcome is a function of what the KV manager's refusals read (its
     :meth:`~pbkv.kvmanager.KVManager.settled_version` and the queue index's version say
     whether that changed: a chunk commit below a running request's lease does not), the
-    order entries are tried in, which of them are held back, the free batch slots and
+    order entries are tried in, which of them are held back (and which of those are let
+    in all the same, ``released``), the free batch slots and
     whether anything runs; with all of these the same, a call would try the same
     ``tried`` entries and be refused each time again. ``tree_version`` is the tree's
     version when the call began: the call changed nothing if it is still that.
@@ -62,6 +66,7 @@ class _Quiet:
     tree_version: int
     order: list[Waiting]
     held: set[int]
+    released: Collection[int]
     running: bool
     free_slots: int
     tried: int = 0
@@ -75,6 +80,7 @@ class _Quiet:
             and other.running == self.running
             and other.free_slots == self.free_slots
             and (other.held is self.held or other.held == self.held)
+            and other.released == self.released
             and _same(other.order, self.order)
         )
 
@@ -159,25 +165,36 @@ class _QueueNotes:
 _KEYS = operator.attrgetter("keys")
 
 
-class FCFSScheduler:
-    """Admit in :meth:`rank` order (arrival order here); stop at the first request that does
-    not fit, reject one that never can and go on (:func:`admit_in_order`); never retract.
+class AdmitCall(NamedTuple):
+    """One admission call's callbacks and what the engine says of its state (the
+    keyword arguments of :meth:`Scheduler.admit`)."""
 
-    Args:
-        balanced_prefill: ask the engine for stall-free batches.
+    on_admit: Callable[[Any, Admission], None]
+    on_reject: Callable[[Any, EngineError], None]
+    running: int = 0
+    prefill_share: float | None = None
+    costs: ForwardCosts | None = None
+    retractable: Sequence[Any] = ()
+    on_retract: Callable[[Any], None] | None = None
+
+
+class Scheduler:
+    """Admits queued requests through the KV manager while batch slots remain (§7.0).
+
+    The base of every scheduler: :meth:`admit` is the engines' one entry point, and a
+    scheduler implements ``_admit``.
     """
 
-    name = "fcfs"
+    name = ""
+    balanced_prefill = False
+    """Whether the engine should cap each step's prefill at what the decode batch's
+    compute slack carries (stall-free batching) instead of its fixed chunk size, and
+    commit each chunk as it lands. The sim engine sizes that slack with its cost model,
+    the torch engine with its measured step costs; where a decode step hides less than a
+    block of prefill (a CPU), both keep the fixed chunk."""
     preempt = False
-
-    def __init__(self, *, balanced_prefill: bool = False) -> None:
-        self.balanced_prefill = balanced_prefill
-        self._notes = _QueueNotes()
-
-    def rank(self, kv: KVManager, waiting: deque[E]) -> Sequence[E]:
-        """Return ``waiting`` in the order to try it (arrival order: SGLang's and vLLM's
-        default). Does not modify the cache."""
-        return waiting
+    """Whether the scheduler may retract running requests (the engine lists them only
+    then)."""
 
     def admit(
         self,
@@ -189,21 +206,61 @@ class FCFSScheduler:
         on_reject: Callable[[E, EngineError], None],
         running: int = 0,
         prefill_share: float | None = None,
+        costs: ForwardCosts | None = None,
         retractable: Sequence[R] = (),
         on_retract: Callable[[R], None] | None = None,
     ) -> None:
-        """Admit in :meth:`rank` order while slots remain (see the class docstring).
+        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU,
+        which spent ``prefill_share`` of its recent time on prefill (``None``: unknown)
+        and whose forwards cost ``costs`` now (``None``: unknown).
 
-        Mutates: ``waiting`` (admitted and rejected entries leave it) and the KV manager.
+        A scheduler that retracts may pause some of ``retractable`` (running requests
+        the engine can pause now) through ``on_retract``, which must commit, release
+        and requeue the request (appending it to ``waiting``) before it returns.
+
+        Mutates: ``waiting`` (admitted and rejected entries leave it, retracted ones
+        join it) and the KV manager.
         """
+        call = AdmitCall(
+            on_admit, on_reject, running, prefill_share, costs, retractable, on_retract
+        )
+        self._admit(kv, waiting, free_slots, call)
+
+    def _admit(self, kv: KVManager, waiting: deque[E], free_slots: int, call: AdmitCall) -> None:
+        raise NotImplementedError
+
+
+class FCFSScheduler(Scheduler):
+    """Admit in :meth:`rank` order (arrival order here); stop at the first request that does
+    not fit, reject one that never can and go on (:func:`admit_in_order`); never retract.
+
+    Args:
+        balanced_prefill: ask the engine for stall-free batches.
+    """
+
+    name = "fcfs"
+
+    def __init__(self, *, balanced_prefill: bool = False) -> None:
+        self.balanced_prefill = balanced_prefill
+        self._notes = _QueueNotes()
+
+    def rank(self, kv: KVManager, waiting: deque[E]) -> Sequence[E]:
+        """Return ``waiting`` in the order to try it (arrival order: SGLang's and vLLM's
+        default). Does not modify the cache."""
+        return waiting
+
+    def _admit(self, kv: KVManager, waiting: deque[E], free_slots: int, call: AdmitCall) -> None:
+        """Admit in :meth:`rank` order while slots remain (see the class docstring)."""
         self._notes.note(kv, waiting)
         if not waiting or free_slots <= 0:
             return
         order = self.rank(kv, waiting)
-        admit_in_order(kv, waiting, order, free_slots, on_admit=on_admit, on_reject=on_reject)
+        admit_in_order(
+            kv, waiting, order, free_slots, on_admit=call.on_admit, on_reject=call.on_reject
+        )
 
 
-class _RankedScheduler:
+class _RankedScheduler(Scheduler):
     """Admit in :meth:`rank` order with bounded bypass.
 
     Entries :meth:`deferred` names are admitted only when nothing runs and nothing else
@@ -259,6 +316,19 @@ class _RankedScheduler:
         """Return ids of entries to hold back while the GPU has other work (none here)."""
         return set()
 
+    def _released(
+        self,
+        kv: KVManager,
+        queue: list[E],
+        held: set[int],
+        running: int,
+        costs: ForwardCosts | None,
+    ) -> Collection[int]:
+        """Return the ids of ``held`` entries whose hold does not pay with ``running``
+        requests running and forwards costing ``costs``: they are tried as if not held,
+        though queue-aware eviction still does not count them (none here)."""
+        return _NONE
+
     def _rank(self, kv: KVManager, queue: list[E]) -> list[E]:
         """:meth:`rank` of the scheduler's own queue list (never modified); the result
         is read, not modified."""
@@ -269,24 +339,10 @@ class _RankedScheduler:
         result is read, not modified."""
         return self.deferred(kv, queue, prefill_share)
 
-    def admit(
-        self,
-        kv: KVManager,
-        waiting: deque[E],
-        free_slots: int,
-        *,
-        on_admit: Callable[[E, Admission], None],
-        on_reject: Callable[[E, EngineError], None],
-        running: int = 0,
-        prefill_share: float | None = None,
-        retractable: Sequence[R] = (),
-        on_retract: Callable[[R], None] | None = None,
-    ) -> None:
+    def _admit(self, kv: KVManager, waiting: deque[E], free_slots: int, call: AdmitCall) -> None:
         """Admit what fits in :meth:`_order`, holding back what :meth:`deferred` names and
-        retracting what :meth:`victims` names (see the class docstring).
-
-        Mutates: ``waiting``, the KV manager, and what the scheduler keeps of the queue.
-        """
+        retracting what :meth:`victims` names (see the class docstring)."""
+        running, on_retract = call.running, call.on_retract
         self._before_admit(kv, waiting)
         # one list of the queue, kept while the queue holds the same entries: an entry's
         # request and keys change only while it runs (see _forget_gone), so the caches
@@ -295,19 +351,29 @@ class _RankedScheduler:
         queue: list[E] = self._queue if same else list(waiting)  # type: ignore[assignment]
         # requests held back behind the cohort wait their turn: no near use of their
         # prefixes, so queue-aware eviction does not count them (see the module docstring)
-        held = self._deferred(kv, queue, prefill_share)
+        held = self._deferred(kv, queue, call.prefill_share)
         self._notes.note(kv, queue, ranked=True, snapshot=True, held=held)
-        candidates = list(retractable) if on_retract is not None and self.preempt else []
+        candidates = list(call.retractable) if on_retract is not None and self.preempt else []
         if not waiting or (free_slots <= 0 and not candidates):
             return
         if not same:
             self._forget_gone(queue)
         order = self._order(kv, queue)
+        released = self._released(kv, queue, held, running, call.costs) if held else _NONE
+        holding = held - released if released else held  # tried only in spare room
         quiet = None
         if not candidates:
             settled, walks = kv.settled_version(), kv.waiting.version
             quiet = _Quiet(
-                kv, settled, walks, kv.tree.version, order, held, bool(running), free_slots
+                kv,
+                settled,
+                walks,
+                kv.tree.version,
+                order,
+                held,
+                released,
+                bool(running),
+                free_slots,
             )
         if quiet is not None and quiet.same_as(self._quiet):
             assert self._quiet is not None
@@ -323,14 +389,14 @@ class _RankedScheduler:
                 break
             # Held back while other work keeps the GPU busy, unless it fits in free and
             # retired space: then it costs no cached context and keeps the batch full.
-            spare_only = id(entry) in held and bool(running or admitted)
+            spare_only = id(entry) in holding and bool(running or admitted)
             if self.wait_for_computing and kv.prefix_in_flight(entry.keys, entry.request.namespace):
                 in_order = False  # a running request is computing its next block: wait for it
                 continue
             if spare_only and free_slots > 0:
                 if spare.version != kv.tree.version:  # what try_admit would refuse as is
                     views = self._views
-                    rest = [views[id(e)] for e in order[i:] if id(e) in held]
+                    rest = [views[id(e)] for e in order[i:] if id(e) in holding]
                     spare.refused = kv.refusals(rest, retired_only=True)
                     spare.version = kv.tree.version
                 if id(entry.keys) in spare.refused:
@@ -353,7 +419,7 @@ class _RankedScheduler:
                         admission = kv.try_admit(admission_of(entry))
             except ValueError as exc:
                 waiting.remove(entry)
-                on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
+                call.on_reject(entry, EngineError(f"request {entry.request.request_id}: {exc}"))
                 continue
             if admission is None:
                 if spare_only:
@@ -366,7 +432,7 @@ class _RankedScheduler:
             free_slots -= 1
             admitted.append(entry)
             self._started(entry, admission)
-            on_admit(entry, admission)
+            call.on_admit(entry, admission)
         kv.count_refusals(skipped)
         self._count_bypasses(queue, held, waiting, admitted)
         if (

@@ -30,27 +30,27 @@ batch composition's share of a gain is measured apart.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable
 
-from pbkv.engines.admission import Running, Waiting
-from pbkv.engines.base import EngineError
+from pbkv.engines.admission import ForwardCosts
 from pbkv.engines.ranked import (
     DEFAULT_MAX_BYPASS,
     DEFAULT_MAX_RETRACTIONS,
+    AdmitCall,
     FCFSScheduler,
     LPMScheduler,
+    Scheduler,
     note_waiting,
 )
 from pbkv.engines.workflow_scheduler import DEFAULT_COHORT_FILL, WorkflowScheduler
-from pbkv.kvmanager import Admission, KVManager
 
 __all__ = [
     "DEFAULT_COHORT_FILL",
     "DEFAULT_MAX_BYPASS",
     "DEFAULT_MAX_RETRACTIONS",
     "SCHEDULERS",
+    "AdmitCall",
+    "ForwardCosts",
     "FCFSScheduler",
     "LPMScheduler",
     "Scheduler",
@@ -58,46 +58,6 @@ __all__ = [
     "get_scheduler",
     "note_waiting",
 ]
-
-E = TypeVar("E", bound=Waiting)
-R = TypeVar("R", bound=Running)
-
-
-class Scheduler(Protocol):
-    """Admits queued requests through the KV manager while batch slots remain."""
-
-    name: str
-    balanced_prefill: bool
-    """Whether the engine should cap each step's prefill at what the decode batch's
-    compute slack carries (stall-free batching) instead of its fixed chunk size, and
-    commit each chunk as it lands. The sim engine sizes that slack with its cost model,
-    the torch engine with its measured step costs (a decode forward's time over a
-    prefill token's marginal time)."""
-
-    def admit(
-        self,
-        kv: KVManager,
-        waiting: deque[E],
-        free_slots: int,
-        *,
-        on_admit: Callable[[E, Admission], None],
-        on_reject: Callable[[E, EngineError], None],
-        running: int = 0,
-        prefill_share: float | None = None,
-        retractable: Sequence[R] = (),
-        on_retract: Callable[[R], None] | None = None,
-    ) -> None:
-        """Admit what fits, in the scheduler's order; ``running`` requests hold the GPU,
-        which spent ``prefill_share`` of its recent time on prefill (``None``: unknown).
-
-        A scheduler that retracts may pause some of ``retractable`` (running requests
-        the engine can pause now) through ``on_retract``, which must commit, release
-        and requeue the request (appending it to ``waiting``) before it returns.
-
-        Mutates: ``waiting`` (admitted and rejected entries leave it, retracted ones
-        join it) and the KV manager.
-        """
-        ...
 
 
 def balanced_fcfs_scheduler() -> FCFSScheduler:

@@ -36,11 +36,12 @@ request fit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TypeVar
 
-from pbkv.engines.admission import Running, Waiting
+from pbkv.engines.admission import ForwardCosts, Running, Waiting
 from pbkv.engines.ranked import (
+    _NONE,
     DEFAULT_MAX_BYPASS,
     DEFAULT_MAX_RETRACTIONS,
     _age,
@@ -234,6 +235,50 @@ class WorkflowScheduler(_RankedScheduler):
         if prefill_share is not None and prefill_share < self.release_share and not self._held:
             self._engaged = False
         return self._held
+
+    def _released(
+        self,
+        kv: KVManager,
+        queue: list[E],
+        held: set[int],
+        running: int,
+        costs: ForwardCosts | None,
+    ) -> Collection[int]:
+        """Return the held requests whose hold costs more forwards than it saves; they
+        are tried as if not held (queue-aware eviction still does not count them).
+
+        Held back, a request cannot evict the cohort's contexts: at most the GPU room it
+        would take (its prompt past its GPU-cached prefix, a host hit included, and its
+        decode budget, ``n`` tokens) is saved from recompute, ``n · prefill_token_s``.
+        But its ``d`` decode tokens then do not ride in the forwards of the ``β``
+        requests running (``running``, at least 1): run later in a batch about as large
+        as the one running without it, each takes a share ``forward_s / β`` of a forward
+        instead of ``forward_s / (β + 1)``, so the hold costs ``d · forward_s / (β (β +
+        1))``. A request stays held only while its saving is at least that: where many
+        requests run, or a forward costs few prefill tokens' compute, every hold pays;
+        where few run and every forward is a full read of the weights against cheap
+        tokens, a request with little to take and much to decode is let in. With
+        ``costs`` unknown (``None``) every hold stands.
+
+        Does not modify ``held`` or the cache.
+        """
+        if costs is None:
+            return _NONE
+        beta = max(1, running)
+        per_token_s = costs.forward_s / (beta * (beta + 1))
+        if costs.prefill_token_s >= per_token_s:
+            return _NONE  # n >= d tokens: every hold pays
+        bs = kv.config.block_size
+        released = set()
+        for entry in queue:
+            if id(entry) not in held:
+                continue
+            request = entry.request
+            on_gpu = kv.tree.peek_prefix(entry.keys, request.namespace)[0] * bs
+            taken = max(0, len(request.prompt_token_ids) - on_gpu) + request.max_new_tokens
+            if taken * costs.prefill_token_s < request.max_new_tokens * per_token_s:
+                released.add(id(entry))
+        return released if released else _NONE
 
     def rank(self, kv: KVManager, waiting: Sequence[E]) -> list[E]:
         return list(self._rank(kv, list(waiting)))

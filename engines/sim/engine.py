@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import trio
 
+from pbkv.engines.admission import ForwardCosts
 from pbkv.engines.base import GenerateRequest
 from pbkv.engines.owned import OwnedCacheEngine, Queued
 from pbkv.engines.scheduler import Scheduler
@@ -86,6 +87,7 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         self.config = config or SimConfig()
         super().__init__(kv, self.config.max_batch_size, scheduler)
         self.cost = cost
+        self._costs = ForwardCosts(cost.forward_s(), cost.prefill_token_s())
         self._pending_loads: dict[LoadTransfer, float] = {}
         self._link_free_s = 0.0
         self._steps = 0
@@ -149,6 +151,11 @@ class SimEngine(OwnedCacheEngine[_Entry]):
                 self._enqueue_load(load)
         self._running.append(entry)
 
+    def _forward_costs(self) -> ForwardCosts:
+        """Return the cost model's forward and prefill-token seconds
+        (:meth:`CostModel.forward_s`, :meth:`CostModel.prefill_token_s`)."""
+        return self._costs
+
     def _prefill_budget(self, decode_batch: int, decode_kv_tokens: int) -> int:
         """Return this step's prefill token budget, shared by the prefilling requests.
 
@@ -157,12 +164,18 @@ class SimEngine(OwnedCacheEngine[_Entry]):
         (:meth:`CostModel.prefill_slack_tokens`, at least one block): a big chunk runs
         at the same prefill rate (compute-bound either way) but holds every decoding
         request to one token per long step, so their blocks stay leased longer and
-        fewer requests fit (figures: ``docs/design.md``, "Balanced batches").
+        fewer requests fit (figures: ``docs/design.md``, "Balanced batches"). Where even
+        a one-sequence decode step hides less than a block (hardware that overlaps
+        little of a step's compute with its memory reads, a CPU), the chunk stays whole:
+        smaller chunks would hide no prefill and only spread it over more steps, each a
+        full read of the weights.
         """
         budget = self.config.max_prefill_tokens
         if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
-            slack = self.cost.prefill_slack_tokens(decode_batch, decode_kv_tokens)
-            budget = min(budget, max(self.kv.config.block_size, slack))
+            block = self.kv.config.block_size
+            if self.cost.prefill_slack_tokens(1, 1) >= block:  # the hardware hides prefill
+                slack = self.cost.prefill_slack_tokens(decode_batch, decode_kv_tokens)
+                budget = min(budget, max(block, slack))
         return budget
 
     def _plan_prefill(self, budget: int) -> list[tuple[_Entry, int]]:

@@ -19,11 +19,12 @@ picks.
 
 A scheduler that asks for ``balanced_prefill`` (``workflow``, ``fcfs-balanced``) gets
 the sim engine's stall-free batches: while requests decode, a step carries only the
-prefill tokens whose marginal time fills one decode forward's (measured,
-:class:`~pbkv.engines.torchengine.stepcost.StepCosts`), not the full chunk, and each
-chunk's full blocks are committed as they land. A step's time is split into decode (what
-its decode rows alone cost, measured on pure decode steps) and prefill (the rest); both
-feed :attr:`prefill_share`, which the ``workflow`` scheduler's hold-back reads.
+prefill tokens a decode forward hides (measured,
+:class:`~pbkv.engines.torchengine.stepcost.StepCosts`; on a CPU none, and the chunk then
+stays whole), not the full chunk, and each chunk's full blocks are committed as they
+land. A step's time is split into decode (what its decode rows alone cost, measured on
+pure decode steps) and prefill (the rest); both feed :attr:`prefill_share`, which the
+``workflow`` scheduler's hold-back reads.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from pbkv.engines.admission import ForwardCosts
 from pbkv.engines.base import EngineError, GenerateRequest
 from pbkv.engines.owned import OwnedCacheEngine
 from pbkv.engines.scheduler import Scheduler
@@ -215,19 +217,13 @@ class TorchEngine(OwnedCacheEngine[Entry]):
         """Split a step's forward into decode and prefill seconds; fold them into
         :attr:`costs`, the counters and :attr:`prefill_share`.
 
-        The decode rows of a mixed step are billed what a pure decode forward costs
-        now (:attr:`StepCosts.decode_step_s`, at most the forward), the prefill tokens
-        the rest: their marginal time, the figure balanced batches are sized by.
+        The decode rows of a mixed step are billed what a pure decode forward of as many
+        rows costs now (:meth:`StepCosts.observe`), the prefill tokens the rest: their
+        marginal time, the figure balanced batches are sized by.
         """
         prefill_tokens = sum(c.tokens for c in plan.prefills)
-        if plan.decodes and not prefill_tokens:
-            decode_s = ran.forward_s
-        elif plan.decodes:
-            decode_s = min(ran.forward_s, self.costs.decode_step_s or 0.0)
-        else:
-            decode_s = 0.0
+        decode_s = self.costs.observe(prefill_tokens, len(plan.decodes), ran.forward_s)
         prefill_s = ran.forward_s - decode_s
-        self.costs.observe(prefill_tokens, prefill_s, decode_s if not prefill_tokens else 0.0)
         self._counters.copy_s += ran.copy_s
         self._counters.prefill_s += prefill_s
         self._counters.decode_s += decode_s
@@ -243,20 +239,32 @@ class TorchEngine(OwnedCacheEngine[Entry]):
                 self._queue_load(load)
         self._running.append(entry)
 
+    def _forward_costs(self) -> ForwardCosts | None:
+        """Return the measured forward and prefill-token seconds
+        (:attr:`StepCosts.forward_s`, :attr:`StepCosts.prefill_s_per_token`); ``None``
+        until both are measured."""
+        forward_s, token_s = self.costs.forward_s, self.costs.prefill_s_per_token
+        if forward_s is None or token_s is None:
+            return None
+        return ForwardCosts(forward_s, token_s)
+
     def _prefill_budget(self, decode_batch: int) -> int:
         """Return this step's prefill token budget, shared by the prefilling requests.
 
         ``max_prefill_tokens``, or, for a scheduler that asks for ``balanced_prefill``
-        while requests decode, the tokens whose marginal prefill time fills one decode
-        forward's (:meth:`StepCosts.prefill_slack_tokens`, at least one block; one block
-        until both are measured), as the sim engine's ``_prefill_budget`` does with its
-        cost model: a full chunk holds every decoding request to one token per long
-        step.
+        while requests decode, the prefill tokens a decode forward carries without
+        taking longer (:meth:`StepCosts.prefill_slack_tokens`), as the sim engine's
+        ``_prefill_budget`` does with its cost model: a full chunk holds every decoding
+        request to one token per long step. Where a decode forward hides less than one
+        block (a CPU runs a token's compute whatever runs beside it), or until that is
+        measured, the chunk stays whole: smaller chunks would hide no prefill and only
+        spread it over more forwards, each a full read of the weights.
         """
         budget = self.config.max_prefill_tokens
         if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
-            slack = self.costs.prefill_slack_tokens() or 0
-            budget = min(budget, max(self.kv.config.block_size, slack))
+            slack = self.costs.prefill_slack_tokens()
+            if slack is not None and slack >= self.kv.config.block_size:
+                budget = min(budget, slack)
         return budget
 
     def _commits_chunks(self) -> bool:

@@ -1,36 +1,83 @@
 """What the torch engine's steps cost, measured as they run: the base of its balanced
-batches (§7.0; the sim's :meth:`CostModel.prefill_slack_tokens`, measured instead of
-modelled).
+batches and of the costs it reports to the scheduler (§7.0; the sim's
+:class:`~pbkv.engines.sim.costmodel.CostModel`, measured instead of modelled).
 
-Plain synchronous code; the engine feeds it each step's worker-thread timings.
+Plain synchronous code; the engine feeds it each step's forward time.
 """
 
 from __future__ import annotations
 
 DEFAULT_SMOOTHING = 0.2
-"""Weight of the newest decode forward in its moving average (the engine's decode-step
-estimate for prefetch uses the same)."""
+"""Weight of the newest decode forward in its moving average, and of the newest mixed
+step in the free-token estimate (the engine's decode-step estimate for prefetch uses
+the same)."""
 
 DEFAULT_PREFILL_SMOOTHING = 0.05
-"""Weight of the newest prefill step in the fit of prefill time on chunk tokens: a fit
-needs chunks of several sizes, so it remembers more steps (about 20)."""
+"""Weight of the newest step in the fits of prefill time on chunk tokens and of decode
+time on decoding rows: a fit needs steps of several sizes, so it remembers more of them
+(about 20)."""
 
 MIN_RELATIVE_SPREAD = 0.25
-"""Least standard deviation of the fitted chunks' sizes, over their mean, for the fit's
-slope to be trusted; below it the mean seconds per token stands in."""
+"""Least standard deviation of the fitted sizes, over their mean, for a fit's slope to
+be trusted; below it the mean stands in (all of it per token for prefill, all of it per
+forward for decode)."""
+
+
+class _Fit:
+    """Least squares of seconds on a size, ``seconds = intercept + size x slope``, over
+    recent observations (weights decaying by ``1 - smoothing`` an observation)."""
+
+    def __init__(self, smoothing: float) -> None:
+        self.smoothing = smoothing
+        # decayed sums: weight, sizes, seconds, sizes², sizes x seconds
+        self._w = self._n = self._t = self._nn = self._nt = 0.0
+
+    def add(self, size: float, seconds: float) -> None:
+        keep = 1.0 - self.smoothing
+        self._w = keep * self._w + 1.0
+        self._n = keep * self._n + size
+        self._t = keep * self._t + seconds
+        self._nn = keep * self._nn + size * size
+        self._nt = keep * self._nt + size * seconds
+
+    @property
+    def empty(self) -> bool:
+        return self._w == 0.0
+
+    def line(self) -> tuple[float, float] | None:
+        """Return ``(intercept, slope)``; ``None`` while empty or while the sizes vary
+        too little (or the slope is not positive) to fit a slope."""
+        if self._w == 0.0:
+            return None
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        variance = self._nn / self._w - mean_n * mean_n
+        if variance >= (MIN_RELATIVE_SPREAD * mean_n) ** 2:
+            slope = (self._nt / self._w - mean_n * mean_t) / variance
+            if slope > 0:
+                return mean_t - slope * mean_n, slope
+        return None
+
+    def means(self) -> tuple[float, float]:
+        """Return the mean size and the mean seconds (the fit must not be empty)."""
+        return self._n / self._w, self._t / self._w
 
 
 class StepCosts:
-    """Moving estimates of a decode forward's seconds and a prefill token's marginal seconds.
+    """Moving estimates of what a forward costs: per decoding row and per forward, per
+    prefill token, and how many prefill tokens ride in a decode forward for free.
 
-    Prefill time is fitted as ``overhead + tokens x per-token`` by least squares over
-    recent steps (weights decaying by ``1 - prefill_smoothing`` a step): each forward
-    reads the weights and runs its layers whatever its size, and that overhead is not
-    what a token costs.
+    Prefill time is fitted as ``overhead + tokens x per-token`` over the steps that only
+    prefill, and decode time as ``per-forward + rows x per-row`` over those that only
+    decode, by least squares over recent steps: each forward reads the weights and runs
+    its layers whatever its size, and that part is not what a token or a row costs. A
+    step that carries prefill tokens beside decodes tells how many of its tokens the
+    decode forward hid (it took no longer for them): on a GPU, whose decode leaves
+    compute idle, up to the idle compute's worth; on a CPU, which runs a token's compute
+    whatever runs beside it, none.
 
     Args:
-        smoothing: weight of the newest decode forward, in ``(0, 1]``.
-        prefill_smoothing: weight of the newest prefill step in the fit, in ``(0, 1]``.
+        smoothing: weight of the newest decode forward and mixed step, in ``(0, 1]``.
+        prefill_smoothing: weight of the newest step in the fits, in ``(0, 1]``.
 
     Raises:
         ValueError: a smoothing outside ``(0, 1]``.
@@ -47,70 +94,111 @@ class StepCosts:
         self.smoothing = smoothing
         self.prefill_smoothing = prefill_smoothing
         self.decode_step_s: float | None = None
-        """Seconds of one batched decode forward; ``None`` until measured."""
-        # decayed sums of the fit: weight, tokens, seconds, tokens², tokens x seconds
-        self._w = self._n = self._t = self._nn = self._nt = 0.0
+        """Seconds of one batched decode forward (a moving average over the pure decode
+        forwards, whatever their batch); ``None`` until measured."""
+        self._prefill = _Fit(prefill_smoothing)
+        self._decode = _Fit(prefill_smoothing)
+        self._free_tokens: float | None = None
 
-    def observe(self, prefill_tokens: int, prefill_s: float, decode_s: float) -> None:
-        """Fold one step in: ``prefill_tokens`` prefilled in ``prefill_s`` seconds (none:
-        ``0``) and a decode forward of ``decode_s`` seconds (none: ``0.0``).
+    def observe(self, prefill_tokens: int, decode_rows: int, forward_s: float) -> float:
+        """Fold one forward in: ``prefill_tokens`` prefilled beside ``decode_rows``
+        decoding requests in ``forward_s`` seconds; return the seconds billed to its
+        decodes (the rest is prefill's).
+
+        A pure decode forward is billed whole to decode; a mixed one bills its decodes
+        what a pure decode forward of as many rows costs now (:meth:`decode_s`, at most
+        the forward; nothing until one is measured) and its prefill the rest, and tells
+        how many of its tokens the decode forward hid (:meth:`prefill_slack_tokens`).
 
         Raises:
             ValueError: a negative count or time.
 
         Mutates: the estimates of the parts the step ran.
         """
-        if prefill_tokens < 0 or prefill_s < 0 or decode_s < 0:
+        if prefill_tokens < 0 or decode_rows < 0 or forward_s < 0:
             raise ValueError(
-                f"need non-negative figures, got {prefill_tokens} tokens, "
-                f"{prefill_s} s prefill, {decode_s} s decode"
+                f"need non-negative figures, got {prefill_tokens} tokens, {decode_rows} rows, "
+                f"{forward_s} s"
             )
-        if prefill_tokens:
-            keep, n = 1.0 - self.prefill_smoothing, float(prefill_tokens)
-            self._w = keep * self._w + 1.0
-            self._n = keep * self._n + n
-            self._t = keep * self._t + prefill_s
-            self._nn = keep * self._nn + n * n
-            self._nt = keep * self._nt + n * prefill_s
-        if decode_s > 0:
-            if self.decode_step_s is None:
-                self.decode_step_s = decode_s
-            else:
-                self.decode_step_s += self.smoothing * (decode_s - self.decode_step_s)
+        if not prefill_tokens:
+            if decode_rows and forward_s > 0:
+                self._observe_decode(decode_rows, forward_s)
+            return forward_s if decode_rows else 0.0
+        if not decode_rows:
+            self._prefill.add(float(prefill_tokens), forward_s)
+            return 0.0
+        alone_s = self.decode_s(decode_rows)
+        if alone_s is None:
+            return 0.0
+        self._observe_mixed(prefill_tokens, forward_s - alone_s)
+        return min(forward_s, alone_s)
+
+    def _observe_decode(self, rows: int, seconds: float) -> None:
+        self._decode.add(float(rows), seconds)
+        if self.decode_step_s is None:
+            self.decode_step_s = seconds
+        else:
+            self.decode_step_s += self.smoothing * (seconds - self.decode_step_s)
+
+    def _observe_mixed(self, tokens: int, extra_s: float) -> None:
+        """Fold in how many of ``tokens`` prefill tokens rode free in a decode forward
+        that took ``extra_s`` seconds more than it alone would have."""
+        per_token_s = self.prefill_s_per_token
+        if per_token_s is None or per_token_s <= 0:
+            return
+        free = min(float(tokens), max(0.0, tokens - extra_s / per_token_s))
+        if self._free_tokens is None:
+            self._free_tokens = free
+        else:
+            self._free_tokens += self.smoothing * (free - self._free_tokens)
 
     @property
     def prefill_s_per_token(self) -> float | None:
         """Marginal seconds per prefill token: the fit's slope, or the mean seconds per
         token (overhead included) while the chunks' sizes vary too little to fit or the
         slope is not positive; ``None`` until a prefill is measured."""
-        if self._w == 0.0:
+        if self._prefill.empty:
             return None
-        mean_n, mean_t = self._n / self._w, self._t / self._w
-        variance = self._nn / self._w - mean_n * mean_n
-        if variance >= (MIN_RELATIVE_SPREAD * mean_n) ** 2:
-            slope = (self._nt / self._w - mean_n * mean_t) / variance
-            if slope > 0:
-                return slope
+        line = self._prefill.line()
+        if line is not None:
+            return line[1]
+        mean_n, mean_t = self._prefill.means()
         return mean_t / mean_n
 
-    def prefill_slack_tokens(self) -> int | None:
-        """Return the prefill tokens whose marginal time fills one decode forward's.
+    def decode_s(self, rows: int) -> float | None:
+        """Return the seconds of a pure decode forward of ``rows`` requests: the fit, or
+        the mean pure decode forward while its batches vary too little to fit; ``None``
+        until one is measured."""
+        if self._decode.empty:
+            return None
+        line = self._decode.line()
+        if line is None:
+            return self._decode.means()[1]
+        return max(0.0, line[0] + rows * line[1])
 
-        The sim's stall-free budget is the decode step's idle compute over a token's
-        compute (Sarathi-Serve's token budget on a roofline); on a bandwidth-bound
-        decode that is the decode step's time over a prefill token's marginal time,
-        which is what this measures. The torch engine runs such a chunk in the decode
-        forward itself, so it adds only its marginal time: on a GPU, whose decode idles
-        compute, the step stays about as long; on a CPU, where a prefill token costs its
-        time whatever runs beside it, the step lasts about two decode forwards, never a
-        full chunk.
+    @property
+    def forward_s(self) -> float | None:
+        """Seconds of a decode forward that do not grow with its rows (the weights'
+        read, launches): the fit's intercept, or all of the mean decode forward while
+        the batches vary too little to fit; ``None`` until a decode is measured."""
+        if self._decode.empty:
+            return None
+        line = self._decode.line()
+        return self._decode.means()[1] if line is None else max(0.0, line[0])
+
+    def prefill_slack_tokens(self) -> int | None:
+        """Return the prefill tokens a decode forward carries without taking longer.
+
+        Measured on the steps that ran prefill beside decodes: a step of ``n`` tokens
+        that took ``x`` seconds more than its decodes alone hid ``n - x / per-token`` of
+        them (moving average). This is the sim's stall-free budget
+        (:meth:`CostModel.prefill_slack_tokens`, Sarathi-Serve's token budget), measured:
+        on a GPU the decode forward's idle compute, on a CPU about none.
 
         Returns:
-            Tokens ``>= 0``, or ``None`` until both a prefill and a decode are measured.
+            Tokens ``>= 0``, or ``None`` until a mixed step is measured with a prefill
+            and a decode of its rows known.
 
         Does not modify the estimates.
         """
-        per_token_s = self.prefill_s_per_token
-        if per_token_s is None or self.decode_step_s is None or per_token_s <= 0:
-            return None
-        return int(self.decode_step_s / per_token_s)
+        return None if self._free_tokens is None else int(self._free_tokens)

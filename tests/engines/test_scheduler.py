@@ -9,6 +9,7 @@ import pytest
 from pbkv.engines.base import GenerateRequest
 from pbkv.engines.scheduler import (
     FCFSScheduler,
+    ForwardCosts,
     LPMScheduler,
     WorkflowScheduler,
     get_scheduler,
@@ -50,7 +51,7 @@ def hold(kv, blocks):
     return kv.try_admit(AdmitRequest(keys=keys, prompt_tokens=len(keys), max_new_tokens=1))
 
 
-def admit(scheduler, kv, waiting, slots=8, running=0, prefill_share=None):
+def admit(scheduler, kv, waiting, slots=8, running=0, prefill_share=None, costs=None):
     admitted = []
     scheduler.admit(
         kv,
@@ -60,6 +61,7 @@ def admit(scheduler, kv, waiting, slots=8, running=0, prefill_share=None):
         on_reject=lambda e, err: admitted.append(f"rejected {e.request.request_id}"),
         running=running,
         prefill_share=prefill_share,
+        costs=costs,
     )
     return admitted
 
@@ -109,9 +111,10 @@ def test_workflow_scheduler_admits_oldest_workflow_first_and_cached_requests_ahe
     assert admit(scheduler, kv, waiting) == ["w2-warm", "w0-cold", "w1-cold", "w2-cold"]
 
 
-def cohort_setup(gpu: int = 16):
+def cohort_setup(gpu: int = 16, new_tokens: int = 1):
     """w0 (older) has 10 active blocks cached on a ``gpu``-block GPU; on 16 blocks w1's
-    6-token request fits only by evicting them, w0's 3-token one fits beside them."""
+    6-token request (decoding ``new_tokens``) fits only by evicting them, w0's 3-token
+    one fits beside them."""
     kv = manager(gpu=gpu, host=0)
     for w in ("w0", "w1"):
         kv.on_workflow_started(w)
@@ -120,7 +123,10 @@ def cohort_setup(gpu: int = 16):
     kv.commit(adm, context)
     kv.release(adm)
     waiting = deque(
-        [entry("w1", range(10, 16), workflow="w1"), entry("w0", [1, 2, 3], workflow="w0")]
+        [
+            entry("w1", range(10, 16), workflow="w1", new_tokens=new_tokens),
+            entry("w0", [1, 2, 3], workflow="w0"),
+        ]
     )
     return kv, waiting
 
@@ -144,6 +150,43 @@ def test_cohort_lets_go_while_decode_dominates_and_when_unmeasured_it_holds():
     assert admit(scheduler, kv, waiting, running=1, prefill_share=0.1) == ["w0", "w1"]
     kv, waiting = cohort_setup()
     assert admit(WorkflowScheduler(cohort_fill=0.5), kv, waiting, running=1) == ["w0"]
+
+
+CPU_FORWARDS = ForwardCosts(forward_s=0.06, prefill_token_s=0.0025)
+"""A forward costs 24 prefill tokens' compute (SmolLM2 on this project's CPU)."""
+
+
+def test_a_hold_that_costs_more_forwards_than_it_saves_is_released():
+    """One request runs: held, w1 saves at most its 6 + 4 tokens' recompute (25 ms), but
+    its 4 decode tokens lose their share of the running forwards, 4 x 60 ms / (1 x 2)."""
+    kv, waiting = cohort_setup(new_tokens=4)
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    assert scheduler.cohort(kv, waiting) == {"w0"}
+    running = admit(scheduler, kv, waiting, running=1, prefill_share=0.9, costs=CPU_FORWARDS)
+    assert running == ["w0", "w1"]
+    kv, waiting = cohort_setup(new_tokens=4)  # unknown costs: the hold stands
+    assert admit(WorkflowScheduler(), kv, waiting, running=1, prefill_share=0.9) == ["w0"]
+
+
+def test_a_hold_that_saves_more_than_it_costs_stays():
+    # many requests running: one more row barely changes a decode token's share
+    kv, waiting = cohort_setup(new_tokens=4)
+    scheduler = WorkflowScheduler(cohort_fill=0.5)
+    assert admit(scheduler, kv, waiting, running=8, prefill_share=0.9, costs=CPU_FORWARDS) == ["w0"]
+    # forwards of 12 prefill tokens' compute, one request running: a 1-token decode
+    # costs 30 ms / 2 = 15 ms against 7 tokens' 17.5 ms saved (held); 4 tokens, 60 ms
+    # against 25 ms (let in)
+    half = ForwardCosts(forward_s=0.03, prefill_token_s=0.0025)
+    for new_tokens, admitted in ((1, ["w0"]), (4, ["w0", "w1"])):
+        kv, waiting = cohort_setup(new_tokens=new_tokens)
+        got = admit(WorkflowScheduler(), kv, waiting, running=1, prefill_share=0.9, costs=half)
+        assert got == admitted, new_tokens
+    # a GPU's forwards hide prefill: the hold pays with the same request and batch
+    gpu = ForwardCosts(forward_s=0.05, prefill_token_s=0.0005)
+    kv, waiting = cohort_setup(new_tokens=1)
+    assert admit(WorkflowScheduler(), kv, waiting, running=4, prefill_share=0.9, costs=gpu) == [
+        "w0"
+    ]
 
 
 def test_a_held_request_does_not_count_toward_queue_aware_eviction():

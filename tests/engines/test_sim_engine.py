@@ -1,6 +1,7 @@
 """The virtual-time engine: exact timings from the cost model, prefix hits, host reloads,
 prefetch, batching, failures and determinism (§7.1)."""
 
+import dataclasses
 from contextlib import asynccontextmanager
 
 import numpy as np
@@ -502,6 +503,39 @@ def test_the_prefill_budget_is_the_slack_only_for_balanced_schedulers():
     assert engine._prefill_budget(0, 0) == 4096  # nothing decodes: nothing to stall
     engine.scheduler = WorkflowScheduler(cohort_fill=None, balanced_prefill=False)
     assert engine._prefill_budget(8, 8_000) == 4096
+
+
+def test_a_decode_step_that_hides_no_prefill_keeps_the_whole_chunk():
+    """On hardware that overlaps none of a step's compute with its reads (a CPU), a
+    decode step has no idle compute to fill: balanced chunks would hide nothing and only
+    add steps, so the chunk stays whole. With the roofline's overlap the same machine's
+    decode step carries its slack."""
+    cpu = dataclasses.replace(
+        load_hardware("cpu-2core"),
+        peak_flops_per_s=8e10,
+        memory_bandwidth_bytes_per_s=3e9,
+        step_overhead_s=0.0,
+        sequence_overhead_s=0.0,
+        overlap=0.0,
+    )
+    smollm2 = load_model("smollm2-135m")
+    engine = make_engine(max_prefill_tokens=4096)
+    engine.scheduler = WorkflowScheduler(cohort_fill=None)
+    engine.cost = CostModel(cpu, smollm2)
+    assert engine.cost.prefill_slack_tokens(4, 2_000) == 0
+    assert engine._prefill_budget(4, 2_000) == 4096
+    engine.cost = CostModel(dataclasses.replace(cpu, overlap=1.0), smollm2)
+    assert 16 <= engine.cost.prefill_slack_tokens(4, 2_000) < 4096  # the roofline's slack
+    assert engine._prefill_budget(4, 2_000) == engine.cost.prefill_slack_tokens(4, 2_000)
+    assert engine.cost.prefill_slack_tokens(128, 1_000) == 0  # compute-bound: one block
+    assert engine._prefill_budget(128, 1_000) == BS
+
+
+def test_the_scheduler_is_told_the_cost_models_forward_and_token_seconds():
+    engine = make_engine()
+    costs = engine._forward_costs()
+    assert costs.forward_s == pytest.approx(COST.decode_step_s(1, 1), rel=0.01)  # the weights
+    assert costs.prefill_token_s == 2 * COST.model.num_params / COST.compute_flops_per_s
 
 
 async def _twins_beside_a_decoder(engine: SimEngine):

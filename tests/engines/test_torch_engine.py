@@ -686,19 +686,26 @@ async def test_balanced_batches_advance_every_decode_while_a_long_prompt_prefill
     ]
 
 
-async def test_balanced_batches_keep_at_least_one_block_and_the_chunk_cap(
-    tiny: torch.nn.Module,
-) -> None:
-    _, tiny_slack = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=1)
-    # one block a step while the two decode (59 steps), the full chunk once they end
-    with_decodes = [tokens for tokens, decoding, _ in tiny_slack if decoding]
-    assert with_decodes == [BS] * len(with_decodes) and 50 <= len(with_decodes) <= 59
-    alone = [tokens for tokens, decoding, _ in tiny_slack if not decoding]
-    assert alone == [128] * (len(alone) - 1) + [
-        400 - BS * len(with_decodes) - 128 * (len(alone) - 1)
-    ]
-    _, huge_slack = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=10_000)
-    assert [tokens for tokens, _, _ in huge_slack] == [128, 128, 128, 16]
+async def test_a_slack_below_one_block_keeps_the_whole_chunk(tiny: torch.nn.Module) -> None:
+    """Where a decode forward hides less than a block of prefill (a CPU), balanced chunks
+    would hide nothing and only add forwards: the chunk stays whole; a slack past the
+    chunk cap keeps the cap."""
+    for slack in (0, BS - 1, 10_000):
+        engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=slack)
+        assert [tokens for tokens, _, _ in steps] == [128, 128, 128, 16]
+        assert all(decoding == {"s0", "s1"} for _, decoding, _ in steps)
+        assert engine.statistics().forwards == engine.statistics().steps
+
+
+async def test_an_unmeasured_slack_keeps_the_whole_chunk(tiny: torch.nn.Module) -> None:
+    """Until a step with prefill beside decodes is measured, the chunk stays whole."""
+    kv, engine = make_engine(tiny, gpu=160, host=0, max_prefill_tokens=128)
+    engine.scheduler = get_scheduler("workflow")
+    assert engine.costs.prefill_slack_tokens() is None
+    assert engine._prefill_budget(2) == 128
+    engine.costs.prefill_slack_tokens = lambda: BS  # type: ignore[method-assign]
+    assert engine._prefill_budget(2) == BS
+    assert engine._prefill_budget(0) == 128  # nothing decodes: nothing to stall
 
 
 async def test_fcfs_keeps_its_fixed_chunk_while_requests_decode(tiny: torch.nn.Module) -> None:
