@@ -66,7 +66,7 @@ for seed in 0 1 2; do
       --policies lru:workflow,pbkv --json "$out/seed-$app-seed$seed.json"
   done
 done
-for point in 0.5:10 1.2:10 0.9:1 0.9:100 1.2:100; do
+for point in 0.5:10 1.2:10 0.9:1 0.9:100 1.2:100 0.5:1 1.2:1 0.5:100; do
   for app in hover taubench; do
     conc=72
     [[ $app == taubench ]] && conc=48
