@@ -162,9 +162,10 @@ def open_loop_section(data: Path) -> list[str]:
     out = [
         "## Open loop: latency from arrival (issue 28)",
         "",
-        "`pbkv bench --app APP --workflows 144 --concurrency C --load L --gap-scale G "
+        "`pbkv bench --app hover --workflows 144 --concurrency 72 --load 0.9 --gap-scale 10 "
         "--policies lru:workflow,continuum,markov-survival:workflow,pbkv,pbkv-timed:workflow "
-        "--json docs/data/open-APP-loadL-gapG.json` (C = 72 for hover, 48 for taubench; the "
+        "--json docs/data/open-hover-load0.9-gap10.json`, and so for each app, load L and gap "
+        "scale G below (concurrency C = 72 for hover, 48 for taubench; the "
         "(0.9, 10) runs add `lru:autellix`; swebench runs 96 workflows at C = 24 with "
         "`--gap-model cited`). Poisson session arrivals at L x lru:workflow's closed-loop "
         "throughput at C (measured first); every tool and think gap x G; latency counts from "
@@ -231,9 +232,10 @@ def seeds_section(data: Path) -> list[str]:
     out = [
         "## Seeds: pbkv / lru:workflow on every bundled app (issue 28)",
         "",
-        "`pbkv bench --app APP --workflows 64 --concurrency 32 --seed S "
-        "--policies lru:workflow,pbkv --json docs/data/seed-APP-seedS.json` (closed loop; "
-        "every bundled app but mooncake). Mean latency s, and pbkv's speedup over lru:workflow.",
+        "`pbkv bench --app hover --workflows 64 --concurrency 32 --seed 1 "
+        "--policies lru:workflow,pbkv --json docs/data/seed-hover-seed1.json`, and so for each "
+        "app and seed below (closed loop; every bundled app but mooncake). Mean latency s, and "
+        "pbkv's speedup over lru:workflow.",
         "",
         "| app | seed | lru:workflow mean s | pbkv mean s | pbkv / lru:workflow "
         "| lru:workflow total hit % | pbkv total hit % |",

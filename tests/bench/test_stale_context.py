@@ -54,10 +54,11 @@ def workload():
 
 
 def test_pbkv_is_not_below_lru_workflow_on_a_replanner(workload):
-    assert latency(workload, "lru:workflow", 16) / latency(workload, "pbkv", 16) >= 0.99
+    assert latency(workload, "lru:workflow", 32) / latency(workload, "pbkv", 32) >= 0.99
 
 
 def test_without_leaving_the_old_branch_pbkv_falls_below(workload, monkeypatch):
-    """The rule is what holds it: with the old branch kept, pbkv loses (the issue's case)."""
+    """The rule is what holds it: with the old branch kept, pbkv loses (the issue's case;
+    at c=32 since the write-through fix, which alone lifted the c=16 case to 0.998)."""
     monkeypatch.setattr(ScoreBoard, "leave_branch", lambda self, *args: 0)
-    assert latency(workload, "lru:workflow", 16) / latency(workload, "pbkv", 16) < 0.99
+    assert latency(workload, "lru:workflow", 32) / latency(workload, "pbkv", 32) < 0.99
