@@ -106,9 +106,11 @@ class StepCosts:
         decodes (the rest is prefill's).
 
         A pure decode forward is billed whole to decode; a mixed one bills its decodes
-        what a pure decode forward of as many rows costs now (:meth:`decode_s`, at most
-        the forward; nothing until one is measured) and its prefill the rest, and tells
-        how many of its tokens the decode forward hid (:meth:`prefill_slack_tokens`).
+        what a pure decode forward costs now (:attr:`decode_step_s`, at most the
+        forward; nothing until one is measured) and its prefill the rest, and tells how
+        many of its tokens the decode forward hid (:meth:`prefill_slack_tokens`). The
+        moving average, not the fit of :meth:`decode_s`, bills: a fit's slope over a
+        few batch sizes swings with every slow step on a loaded machine.
 
         Raises:
             ValueError: a negative count or time.
@@ -127,7 +129,7 @@ class StepCosts:
         if not decode_rows:
             self._prefill.add(float(prefill_tokens), forward_s)
             return 0.0
-        alone_s = self.decode_s(decode_rows)
+        alone_s = self.decode_step_s
         if alone_s is None:
             return 0.0
         self._observe_mixed(prefill_tokens, forward_s - alone_s)
@@ -180,11 +182,13 @@ class StepCosts:
     def forward_s(self) -> float | None:
         """Seconds of a decode forward that do not grow with its rows (the weights'
         read, launches): the fit's intercept, or all of the mean decode forward while
-        the batches vary too little to fit; ``None`` until a decode is measured."""
-        if self._decode.empty:
+        the batches vary too little to fit, at most :attr:`decode_step_s`; ``None``
+        until a decode is measured."""
+        if self._decode.empty or self.decode_step_s is None:
             return None
         line = self._decode.line()
-        return self._decode.means()[1] if line is None else max(0.0, line[0])
+        intercept = self._decode.means()[1] if line is None else max(0.0, line[0])
+        return min(intercept, self.decode_step_s)
 
     def prefill_slack_tokens(self) -> int | None:
         """Return the prefill tokens a decode forward carries without taking longer.

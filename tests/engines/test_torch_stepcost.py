@@ -46,13 +46,19 @@ def test_the_per_token_time_is_the_fitted_slope_without_the_forward_overhead() -
 
 
 def test_the_decode_fit_splits_a_forward_from_its_rows() -> None:
-    costs = StepCosts(prefill_smoothing=0.5)
+    costs = StepCosts(smoothing=1.0, prefill_smoothing=0.5)
     for rows in (1, 4, 2, 8, 1):  # 60 ms a forward + 5 ms a row
         costs.observe(0, rows, 0.06 + 0.005 * rows)
     assert costs.forward_s == pytest.approx(0.06)
     assert costs.decode_s(3) == pytest.approx(0.075)
-    # a mixed step bills its decodes a pure forward of as many rows
-    assert costs.observe(16, 3, 0.2) == pytest.approx(0.075)
+    # a mixed step bills its decodes the moving average of pure decode forwards
+    assert costs.decode_step_s == pytest.approx(0.065)
+    assert costs.observe(16, 3, 0.2) == pytest.approx(0.065)
+    assert costs.observe(16, 3, 0.05) == pytest.approx(0.05)  # at most the forward
+    slow = StepCosts(smoothing=1.0)
+    for seconds in (0.5, 0.5, 0.1):  # one batch size: the mean, 0.37 s, per forward
+        slow.observe(0, 2, seconds)
+    assert slow.forward_s == pytest.approx(0.1)  # no more than a decode forward now
     same = StepCosts()
     for _ in range(3):
         same.observe(0, 4, 0.1)  # one batch size: no slope, all of it per forward
