@@ -58,7 +58,7 @@ def test_pbkv_is_not_below_lru_workflow_on_a_replanner(workload):
 
 
 def test_without_leaving_the_old_branch_pbkv_falls_below(workload, monkeypatch):
-    """The rule is what holds it: with the old branch kept, pbkv loses (the issue's case;
-    at c=32 since the write-through fix, which alone lifted the c=16 case to 0.998)."""
+    """The rule is what holds it: with the old branch kept, pbkv falls below lru:workflow
+    at c=32 (the issue's case)."""
     monkeypatch.setattr(ScoreBoard, "leave_branch", lambda self, *args: 0)
     assert latency(workload, "lru:workflow", 32) / latency(workload, "pbkv", 32) < 0.99
