@@ -53,7 +53,10 @@ class EventQueue:
                 self.enqueue(event, window)
 
     def enqueue(self, data: dict[str, Any], window: int) -> None:
-        """Queue one event of ``window`` as it is, with the next event id."""
+        """Queue one event of ``window`` as it is, with the next event id; nothing when
+        events are off (no event manager exists then, as in ``KVCacheManager``)."""
+        if self._config.event_buffer_max_size == 0:
+            return
         self._iteration.append({"event_id": self._event_id, "data": data, "window_size": window})
         self._event_id += 1
 

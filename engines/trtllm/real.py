@@ -61,9 +61,25 @@ class ThreadedLLM:
     Args:
         llm: the ``tensorrt_llm.LLM``.
         api: request classes; default the installed ``tensorrt_llm``'s.
+
+    Raises:
+        ValueError: ``llm`` was built with KV events off (``KvCacheConfig``'s
+            ``event_buffer_max_size`` is 0, upstream's default, or block reuse is off):
+            pbkv's mirror of the block manager would stay empty. Read from ``llm.args``
+            (``tensorrt_llm/llmapi/llm.py``) where the LLM has it.
     """
 
     def __init__(self, llm: Any, api: Api | None = None) -> None:
+        kv_config = getattr(getattr(llm, "args", None), "kv_cache_config", None)
+        if kv_config is not None and (
+            getattr(kv_config, "event_buffer_max_size", 1) == 0
+            or getattr(kv_config, "enable_block_reuse", True) is False
+        ):
+            raise ValueError(
+                "the LLM's KV events are off: build it with "
+                "KvCacheConfig(enable_block_reuse=True, event_buffer_max_size=N > 0) "
+                "(pbkv mirrors the block manager from them)"
+            )
         self._llm = llm
         self.request_api = api or load_api(real=True)
         self.generate_async = self._make_generate(llm.generate_async)

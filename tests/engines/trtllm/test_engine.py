@@ -380,6 +380,23 @@ def test_threaded_llm_brings_the_real_request_classes(monkeypatch):
     assert engine.optional == {"cache_salt"}
 
 
+@pytest.mark.parametrize("kv_config", [{"event_buffer_max_size": 0}, {"enable_block_reuse": False}])
+def test_an_llm_without_kv_events_is_refused_with_the_setting_to_change(kv_config):
+    """Upstream's default ring is 0 (no events): the mirror would stay empty, so the
+    wrapper refuses it and names KvCacheConfig's fields."""
+    import types
+
+    from pbkv.engines.trtllm.real import ThreadedLLM
+
+    config = {"event_buffer_max_size": 1024, "enable_block_reuse": True} | kv_config
+    llm = types.SimpleNamespace(
+        args=types.SimpleNamespace(kv_cache_config=types.SimpleNamespace(**config)),
+        generate_async=lambda inputs, sampling_params=None: None,
+    )
+    with pytest.raises(ValueError, match="event_buffer_max_size"):
+        ThreadedLLM(llm, api=object())
+
+
 async def test_cached_tokens_count_a_partially_reused_block_by_its_matched_tokens(
     autojump_clock,
 ):

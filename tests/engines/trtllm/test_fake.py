@@ -385,6 +385,16 @@ def test_ring_drops_its_oldest_events_on_overflow():
     assert m.counters.events_dropped == ids[0]
 
 
+def test_events_off_records_nothing_and_serves_as_usual():
+    """event_buffer_max_size 0: no event manager, so no events (not even ``created``) and
+    nothing dropped, while blocks are still reused."""
+    m = manager(ring=0)
+    serve(m, prompt(100))
+    again = serve(m, prompt(100))
+    assert m.get_latest_events() == [] and m.pending_events == 0
+    assert m.counters.events_dropped == 0 and again.num_reused_blocks > 0
+
+
 def test_perf_metrics_count_reused_and_missed_blocks_summed_over_windows():
     """KVCacheManager::addSequence: per-request metrics are deltas of the manager
     counters, summed over attention windows (executor result perf metrics)."""
