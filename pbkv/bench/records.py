@@ -44,8 +44,11 @@ def write_json(
     """Write the command, config, GPU capacity used, every result, the gain by part
     (``decomposition``: :func:`gain_decomposition`) and the bounds as JSON.
 
-    With ``run``, adds the top-level ``bounds`` object and how the GPU tier was sized
-    (``wanted_gpu_kv_tokens``, ``profile_kv_tokens``, ``gpu_kv_capped``).
+    With ``run``, adds the top-level ``bounds`` object, how the GPU tier was sized
+    (``wanted_gpu_kv_tokens``, ``profile_kv_tokens``, ``gpu_kv_capped``) and the open
+    loop's session arrival rate in workflows per simulated second
+    (``arrival_rate_workflows_per_s``: ``--rate``, or what ``--load`` resolved to; null in
+    closed loop).
     """
     payload: dict[str, object] = {
         "kind": "bench",
@@ -60,6 +63,7 @@ def write_json(
         payload["profile_kv_tokens"] = run.profile_kv_tokens
         payload["gpu_kv_capped"] = run.gpu_kv_capped
         payload["bounds"] = run.bounds
+        payload["arrival_rate_workflows_per_s"] = run.rate
     Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(payload), indent=2))
 
 

@@ -1,10 +1,12 @@
 """Open loop (issue 28 item 1): Poisson session arrivals, latency counted from arrival."""
 
 import dataclasses
+import json
 
 import pytest
 
 from pbkv.bench.compare import BenchConfig, poisson_arrivals, run_bench
+from pbkv.bench.records import write_json
 
 CLOSED = BenchConfig(app="codegen", policies=("lru",), workflows=8, concurrency=2)
 
@@ -44,3 +46,12 @@ def test_load_is_a_fraction_of_the_strongest_baselines_capacity():
     assert run.rate == pytest.approx(0.5 * capacity.throughput_workflows_per_s)
     with pytest.raises(ValueError, match="not both"):
         run_bench(dataclasses.replace(CLOSED, load=0.5, rate=1.0), bounds=False)
+
+
+def test_the_json_records_the_rate_a_load_resolved_to(tmp_path):
+    config = dataclasses.replace(CLOSED, load=0.5)
+    run = run_bench(config, bounds=False)
+    write_json(tmp_path / "open.json", config, run.gpu_kv_tokens, run.results, run=run)
+    payload = json.loads((tmp_path / "open.json").read_text())
+    assert payload["arrival_rate_workflows_per_s"] == pytest.approx(run.rate) and run.rate > 0
+    assert payload["config"]["load"] == 0.5
