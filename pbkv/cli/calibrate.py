@@ -15,12 +15,19 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
         "calibrate",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         help="measure the torch engine here and write the sim hardware profile that fits it",
-        description="Time a prefill chunk, pure decode steps and block copies on the torch "
-        "engine, fit the sim's roofline rates to them, print each measured step beside the "
-        "fitted sim's, and write the profile (e.g. engines/sim/profiles/cpu-2core.toml).",
+        description="Time prefill chunks of several sizes, pure decode steps at several "
+        "batch sizes and contexts, decode steps that also carry a prefill chunk, and block "
+        "copies between the pools on the torch engine's own forward. Fit the sim hardware "
+        "profile's refined roofline to them: the per-step overhead, the weight read "
+        "(memory bandwidth), the per-sequence overhead, the compute rate (peak FLOP/s), "
+        "the share of a chunk's compute a decode step hides (overlap), and the host link "
+        "from the copies. Prints each measured step beside the fitted sim's, then the "
+        "profile as TOML; with --out, writes it to that file, which pbkv bench --hardware "
+        "reads as a path, or by name once it is in engines/sim/profiles/ (as "
+        "cpu-2core.toml is).",
     )
     p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
-    p.add_argument("--out", default=None, help="profile file to write (default: print it)")
+    p.add_argument("--out", default=None, help="TOML file to write the profile to (default: print it)")
     p.add_argument("--name", default=None, help="profile name (default: --out's stem)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--prefill-tokens", type=positive_int, default=512, help="chunk timed")

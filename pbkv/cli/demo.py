@@ -29,7 +29,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         "--policies",
         type=policy_specs,
         default=",".join(d.policies),
-        help="comma-separated policies",
+        help="comma-separated policies, in the order compared (the first is the baseline); "
+        "a policy may name its scheduler as policy:scheduler (e.g. pbkv:fcfs, lru:workflow), "
+        "else it runs its default (pbkv: workflow, the others fcfs)",
     )
     p.add_argument("--workflows", type=positive_int, default=d.workflows, help="tasks served")
     p.add_argument(
