@@ -217,8 +217,9 @@ class TorchEngine(OwnedCacheEngine[Entry]):
         """Split a step's forward into decode and prefill seconds; fold them into
         :attr:`costs`, the counters and :attr:`prefill_share`.
 
-        The decode rows of a mixed step are billed what a pure decode forward of as many
-        rows costs now (:meth:`StepCosts.observe`), the prefill tokens the rest: their
+        The decode rows of a mixed step are billed what a pure decode forward costs now
+        (:attr:`StepCosts.decode_step_s`, :meth:`StepCosts.observe`), the prefill tokens
+        the rest: their
         marginal time, the figure balanced batches are sized by.
         """
         prefill_tokens = sum(c.tokens for c in plan.prefills)
@@ -258,13 +259,16 @@ class TorchEngine(OwnedCacheEngine[Entry]):
         request to one token per long step. Where a decode forward hides less than one
         block (a CPU runs a token's compute whatever runs beside it), or until that is
         measured, the chunk stays whole: smaller chunks would hide no prefill and only
-        spread it over more forwards, each a full read of the weights.
+        spread it over more forwards, each a full read of the weights. The budget is the
+        measured slack plus one block, so the estimate, which a step that hides all its
+        tokens can only raise, is probed upward and follows a slack that grows.
         """
         budget = self.config.max_prefill_tokens
         if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
             slack = self.costs.prefill_slack_tokens()
-            if slack is not None and slack >= self.kv.config.block_size:
-                budget = min(budget, slack)
+            block = self.kv.config.block_size
+            if slack is not None and slack >= block:
+                budget = min(budget, slack + block)
         return budget
 
     def _commits_chunks(self) -> bool:

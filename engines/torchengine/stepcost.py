@@ -144,9 +144,19 @@ class StepCosts:
 
     def _observe_mixed(self, tokens: int, extra_s: float) -> None:
         """Fold in how many of ``tokens`` prefill tokens rode free in a decode forward
-        that took ``extra_s`` seconds more than it alone would have."""
+        that took ``extra_s`` seconds more than it alone would have.
+
+        Only a chunk of at least the current estimate tests it (the engine probes one
+        block above it): a smaller chunk (a prompt's tail) that hid all its tokens says
+        nothing new, and one that took a little longer is more likely a slow step than a
+        smaller slack; counted, such chunks would only pull the estimate down, and
+        chunks capped at the estimate could never pull it back up. A slack that shrinks
+        shows on the probes.
+        """
         per_token_s = self.prefill_s_per_token
         if per_token_s is None or per_token_s <= 0:
+            return
+        if self._free_tokens is not None and tokens < self._free_tokens:
             return
         free = min(float(tokens), max(0.0, tokens - extra_s / per_token_s))
         if self._free_tokens is None:
@@ -195,9 +205,10 @@ class StepCosts:
 
         Measured on the steps that ran prefill beside decodes: a step of ``n`` tokens
         that took ``x`` seconds more than its decodes alone hid ``n - x / per-token`` of
-        them (moving average). This is the sim's stall-free budget
-        (:meth:`CostModel.prefill_slack_tokens`, Sarathi-Serve's token budget), measured:
-        on a GPU the decode forward's idle compute, on a CPU about none.
+        them (moving average over the chunks of at least the estimate). This is the
+        sim's stall-free budget (:meth:`CostModel.prefill_slack_tokens`, Sarathi-Serve's
+        token budget), measured: on a GPU the decode forward's idle compute, on a CPU
+        about none.
 
         Returns:
             Tokens ``>= 0``, or ``None`` until a mixed step is measured with a prefill

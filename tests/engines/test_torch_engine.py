@@ -675,9 +675,10 @@ async def serve_decodes_beside_a_long_prompt(
 async def test_balanced_batches_advance_every_decode_while_a_long_prompt_prefills(
     tiny: torch.nn.Module,
 ) -> None:
-    engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=24)
+    engine, steps = await serve_decodes_beside_a_long_prompt(tiny, "workflow", slack=20)
     assert engine.scheduler.balanced_prefill
-    # 400 tokens in 24-token chunks, both decodes advancing in each of those steps
+    # 400 tokens in 24-token chunks (the slack and a block's probe above it), both
+    # decodes advancing in each of those steps
     assert [tokens for tokens, _, _ in steps] == [24] * 16 + [16]
     assert all(decoding == {"s0", "s1"} for _, decoding, _ in steps)
     # each chunk's full blocks are committed as it lands (the last with the prompt)
@@ -704,7 +705,7 @@ async def test_an_unmeasured_slack_keeps_the_whole_chunk(tiny: torch.nn.Module) 
     assert engine.costs.prefill_slack_tokens() is None
     assert engine._prefill_budget(2) == 128
     engine.costs.prefill_slack_tokens = lambda: BS  # type: ignore[method-assign]
-    assert engine._prefill_budget(2) == BS
+    assert engine._prefill_budget(2) == 2 * BS  # the slack and a block's probe above it
     assert engine._prefill_budget(0) == 128  # nothing decodes: nothing to stall
 
 

@@ -38,6 +38,41 @@ def test_a_mixed_step_no_longer_than_its_decodes_hides_its_tokens() -> None:
     assert costs.prefill_slack_tokens() == 150
 
 
+@pytest.mark.parametrize("noise", [0.0, 0.05])
+def test_the_slack_estimate_holds_under_small_chunks_and_noise(noise: float) -> None:
+    """A GPU whose decode forward hides 500 tokens; the engine's chunks are capped at the
+    estimate plus a block (16), and one step in four carries a 50-token prompt tail. A
+    step that hid all its tokens only says the slack is at least that many, so tails
+    and fast noise must not ratchet the estimate down."""
+    import random
+
+    rng = random.Random(0)
+    costs = StepCosts()
+    costs.observe(0, 4, 0.010)
+    costs.observe(400, 0, 0.040)  # 0.1 ms a token
+    for step in range(400):
+        slack = costs.prefill_slack_tokens()
+        budget = 2048 if slack is None or slack < 16 else slack + 16
+        tokens = 50 if step % 4 == 3 else budget
+        seconds = 0.010 + max(0, tokens - 500) * 0.0001
+        costs.observe(tokens, 4, seconds * (1 + rng.uniform(-noise, noise)))
+    assert 400 <= costs.prefill_slack_tokens() <= 600
+
+
+def test_the_slack_estimate_follows_a_slack_that_shrinks_and_grows() -> None:
+    """The probes (the estimate plus a block) see a slack that changes: a larger decode
+    batch leaves less idle compute, a smaller one more."""
+    costs = StepCosts()
+    costs.observe(0, 4, 0.010)
+    costs.observe(400, 0, 0.040)  # 0.1 ms a token
+    for true_slack in (500, 200, 350):
+        for _ in range(200):
+            slack = costs.prefill_slack_tokens()
+            tokens = 2048 if slack is None or slack < 16 else slack + 16
+            costs.observe(tokens, 4, 0.010 + max(0, tokens - true_slack) * 0.0001)
+        assert costs.prefill_slack_tokens() == pytest.approx(true_slack, abs=2)
+
+
 def test_the_per_token_time_is_the_fitted_slope_without_the_forward_overhead() -> None:
     costs = StepCosts(prefill_smoothing=0.5)
     for tokens in (100, 20, 100, 20, 60):  # 50 ms a forward + 2 ms a token
