@@ -219,8 +219,7 @@ class TorchEngine(OwnedCacheEngine[Entry]):
 
         The decode rows of a mixed step are billed what a pure decode forward costs now
         (:attr:`StepCosts.decode_step_s`, :meth:`StepCosts.observe`), the prefill tokens
-        the rest: their
-        marginal time, the figure balanced batches are sized by.
+        the rest: their marginal time, the figure balanced batches are sized by.
         """
         prefill_tokens = sum(c.tokens for c in plan.prefills)
         decode_s = self.costs.observe(prefill_tokens, len(plan.decodes), ran.forward_s)
@@ -260,8 +259,8 @@ class TorchEngine(OwnedCacheEngine[Entry]):
         block (a CPU runs a token's compute whatever runs beside it), or until that is
         measured, the chunk stays whole: smaller chunks would hide no prefill and only
         spread it over more forwards, each a full read of the weights. The budget is the
-        measured slack plus one block, so the estimate, which a step that hides all its
-        tokens can only raise, is probed upward and follows a slack that grows.
+        measured slack plus one block: only chunks of at least the estimate test it, so
+        the block above is the probe that follows a slack that grows or shrinks.
         """
         budget = self.config.max_prefill_tokens
         if decode_batch and getattr(self.scheduler, "balanced_prefill", False):
