@@ -22,10 +22,12 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from pbkv.live.graph import END, START, App, LiveTask, State, ToolResult
+from pbkv.live.prompts import speaker_name
 from pbkv.live.session import Reply, Simulated
 
 __all__ = [
@@ -316,6 +318,25 @@ def _simulated(text: str, output_tokens: int) -> Callable[[State], Simulated]:
 # -- the app ------------------------------------------------------------------------------
 
 
+def shared_prompt(agent: str) -> Callable[[State], list[dict[str, str]]]:
+    """Return ``agent``'s prompt builder for the shared-context layout: the task as a user
+    message, each turn so far (an agent's as its signed assistant message, a tool's as
+    a tool message) and ``agent``'s role as the closing user message."""
+
+    def build(state: State) -> list[dict[str, str]]:
+        messages = [{"role": "user", "content": state.task.text}]
+        for turn in state.turns:
+            if turn.kind == "tool":
+                messages.append({"role": "tool", "content": turn.text})
+            else:
+                signed = f"{speaker_name(turn.node)}:\n{turn.text}"
+                messages.append({"role": "assistant", "content": signed})
+        messages.append({"role": "user", "content": ROLES[agent]})
+        return messages
+
+    return build
+
+
 def route_verdict(state: State, out: Reply | ToolResult) -> str:
     """Tester's report → ``END`` on ``PASS``, else the Analyzer."""
     return END if out.text.startswith("PASS") else "analyzer"
@@ -328,6 +349,7 @@ def live_codegen_app(
     code_tokens: int = 64,
     analysis_tokens: int = 32,
     reports: dict[str, list[str]] | None = None,
+    shared_context: bool = False,
 ) -> App:
     """Build the app: Planner → Coder → tester ⇒ {Analyzer → Coder → tester, END}.
 
@@ -337,6 +359,12 @@ def live_codegen_app(
         plan_tokens / code_tokens / analysis_tokens: decode budgets of the agents.
         reports: if given, the tester's reports are appended to it per workflow id
             (real runs only; simulated verdicts are not).
+        shared_context: every agent reads one conversation, its role last: the prompt
+            is the preamble, the task, every turn so far and the role as a closing user
+            message (:func:`shared_prompt`), so the agents of a workflow share its
+            task and history as one cached prefix. ``False``: each agent's role opens
+            its prompt (the graph's default), so only an agent's own calls share more
+            than the preamble.
 
     Raises:
         ValueError: ``max_retries < 0`` or a budget < 1.
@@ -344,22 +372,28 @@ def live_codegen_app(
     if max_retries < 0:
         raise ValueError(f"max_retries must be >= 0, got {max_retries}")
     app = App("live-codegen", preamble=PREAMBLE, recursion_limit=4 + 3 * max_retries)
+
+    def role(agent: str) -> dict[str, Any]:
+        if shared_context:
+            return {"role": "", "prompt": shared_prompt(agent)}
+        return {"role": ROLES[agent]}
+
     app.agent(
         "planner",
-        role=ROLES["planner"],
+        **role("planner"),
         max_new_tokens=plan_tokens,
         simulate=_simulated("1. Read the input. 2. Compute the result. 3. Return it.", plan_tokens),
     )
     app.agent(
         "coder",
-        role=ROLES["coder"],
+        **role("coder"),
         max_new_tokens=code_tokens,
         simulate=_simulated("```python\ndef f(x):\n    return x\n```", code_tokens),
     )
     app.tool("tester", make_tester(reports), simulate=_simulated_verdict)
     app.agent(
         "analyzer",
-        role=ROLES["analyzer"],
+        **role("analyzer"),
         max_new_tokens=analysis_tokens,
         max_visits=max_retries,
         simulate=_simulated(

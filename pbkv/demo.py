@@ -10,15 +10,19 @@ writes, so the policies serve the same calls unless a cache hit changes a logit 
 fp tolerance (the paths table shows it if it does).
 
 Each task carries a long reference of its own (``context_tokens``: the ``pydoc`` text of
-a standard-library module the function may use), read by every agent of its workflow,
+a standard-library module the function may use), read by every agent of its workflow.
+The agents read one conversation (``shared_context``: the task, every turn so far, and
+the agent's role last), so each call's prompt extends the workflow's cached context,
 and the agents' replies are short, so a workflow's calls are mostly prefill over a
 context the workflow reuses: what a cache policy keeps or evicts shows in recomputed
 tokens and time. The policies run in rotated order, ``repeats`` times, and the gain is
 printed with its spread over the repeats.
 
 The GPU KV tier is sized from a dry run of the app on its simulated replies (upper
-bounds of each call's length): :func:`pbkv.bench.compare.gpu_tokens_for` of that
-workload, about half of the concurrent working set, so the policies evict differently.
+bounds of each call's length): half of ``concurrency`` workflows' reusable contexts
+(with ``shared_context`` a workflow's is its longest call, else
+:func:`pbkv.bench.compare.gpu_tokens_for`'s per-agent sum), so the policies evict
+differently.
 Each policy runs with the runtime's defaults (:func:`pbkv.open_runtime`): ``pbkv`` with
 the ``workflow`` scheduler and the online forecaster, warm-started from the app's edges
 and learning as the demo's workflows end; ``lru`` with ``fcfs``.
@@ -93,6 +97,9 @@ class DemoConfig:
         context_tokens: about how many tokens of reference each task carries (``0``:
             none, the bare app).
         repeats: runs of every policy, in rotated order (``pbkv demo``: 3).
+        shared_context: the agents read one conversation, their role last, so they
+            share the workflow's context (see the app's ``shared_context``); ``False``:
+            each agent's role opens its prompt.
     """
 
     model: str = "smollm2"
@@ -110,6 +117,7 @@ class DemoConfig:
     seed: int = 0
     context_tokens: int = 768
     repeats: int = 1
+    shared_context: bool = True
 
     def __post_init__(self) -> None:
         for spec in self.policies:
@@ -285,11 +293,13 @@ def _app(cfg: DemoConfig, reports: dict[str, list[str]] | None = None) -> App:
         code_tokens=cfg.code_tokens,
         analysis_tokens=cfg.analysis_tokens,
         reports=reports,
+        shared_context=cfg.shared_context,
     )
 
 
 def _gpu_tokens(cfg: DemoConfig, chat: ChatFormat, tasks: list[LiveTask]) -> int:
-    """Half the concurrent working set of a dry run of ``tasks``, in whole blocks.
+    """Half the concurrent reusable contexts of a dry run of ``tasks`` (see the module
+    doc), in whole blocks.
 
     Never less than the longest request a real run can make: the dry run's longest
     (outputs at their budgets) plus every real test report at its longest.
@@ -301,7 +311,12 @@ def _gpu_tokens(cfg: DemoConfig, chat: ChatFormat, tasks: list[LiveTask]) -> int
     ]
     longest = max(s.prompt_tokens + s.output_tokens for w in dry for s in w.steps)
     longest += REPORT_TOKENS * (cfg.max_retries + 1)
-    tokens = max(gpu_tokens_for(dry, cfg.concurrency), longest + 2 * cfg.block_size)
+    if cfg.shared_context:  # a workflow's agents share one context: its longest call
+        per_workflow = [max(s.prompt_tokens + s.output_tokens for s in w.steps) for w in dry]
+        half = int(0.5 * min(cfg.concurrency, len(dry)) * statistics.median(per_workflow))
+    else:
+        half = gpu_tokens_for(dry, cfg.concurrency)
+    tokens = max(half, longest + 2 * cfg.block_size)
     return math.ceil(tokens / cfg.block_size) * cfg.block_size
 
 

@@ -59,6 +59,13 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         help="about this many tokens of reference per task (a module's docs; 0: none)",
     )
     p.add_argument(
+        "--shared-context",
+        action=argparse.BooleanOptionalAction,
+        default=d.shared_context,
+        help="the agents read one conversation, each its role last, so they share the "
+        "workflow's cached context (--no-shared-context: each agent's role opens its prompt)",
+    )
+    p.add_argument(
         "--repeats",
         type=positive_int,
         default=3,
@@ -102,6 +109,7 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
         seed=args.seed,
         context_tokens=args.context_tokens,
         repeats=args.repeats,
+        shared_context=args.shared_context,
     )
     recorder = TraceRecorder(args.traces, keep=False) if args.traces else None
     try:

@@ -1,5 +1,7 @@
 """The live demo's app (examples/live_codegen.py): real test runs, routing on their reports."""
 
+import itertools
+
 import pytest
 import trio
 
@@ -7,6 +9,7 @@ import pbkv
 from pbkv.examples.live_codegen import (
     PROBLEMS,
     REPORT_CHARS,
+    ROLES,
     extract_code,
     live_codegen_app,
     live_codegen_tasks,
@@ -15,6 +18,8 @@ from pbkv.examples.live_codegen import (
     run_tests,
 )
 from pbkv.live import State, ToolResult
+from pbkv.live.chat import smollm2_chat
+from pbkv.live.driver import simulate_workflow
 
 ADD_TESTS = (("add(2, 3)", "5"), ("add(2, 2)", "4"))
 STATE = State(pbkv.LiveTask("add", "Write add."))
@@ -101,3 +106,34 @@ async def test_on_the_sim_engine_paths_follow_the_simulated_verdicts(autojump_cl
         assert o.path == ("planner", "coder") + ("analyzer", "coder") * retries
         assert o.reason == "end" or (o.reason == "recursion_limit" and retries == 2)
     assert len(paths) >= 2  # some pass first time, some retry
+
+
+def shared_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_with_a_shared_context_each_call_extends_the_conversation_but_its_role(seed):
+    """Every agent's prompt is the preamble, the task, the turns so far, then its role as
+    the closing user message: the next call, whichever agent makes it, reuses all of it
+    but that role message and the opener. Role first, agents share the preamble only."""
+    chat = smollm2_chat(8192)
+    task = live_codegen_tasks(8)[6]  # is_palindrome: the hardest, so it often retries
+    shared = simulate_workflow(
+        live_codegen_app(max_retries=2, shared_context=True), task, chat, workflow_id="w", seed=seed
+    )
+    assert [s.agent for s in shared.steps][:2] == ["planner", "coder"]
+    for before, after in itertools.pairwise(shared.steps):
+        role = chat.encode(chat.render("user", ROLES[before.agent]))
+        opener = chat.encode(chat.opener(before.agent.title()))
+        unshared = len(role) + len(opener)
+        prompt = before.prompt_token_ids
+        assert prompt[len(prompt) - unshared :] == role + opener
+        assert shared_prefix(prompt, after.prompt_token_ids) >= len(prompt) - unshared
+    own = simulate_workflow(live_codegen_app(), task, chat, workflow_id="w", seed=seed)
+    preamble = len(own.steps[0].segments[0].token_ids)
+    planner, coder = own.steps[0].prompt_token_ids, own.steps[1].prompt_token_ids
+    assert shared_prefix(planner, coder) < preamble + 16  # the preamble and "You are the "
