@@ -284,7 +284,7 @@ class OwnedCacheEngine(Generic[E]):
         admission = entry.admission
         assert admission is not None and not entry.done.is_set()
         output = self._pause(entry)
-        self.kv.release(admission)
+        self.kv.release(admission, requeued=True)
         self._running.remove(entry)
         self._retractions += 1
         entry.retractions += 1

@@ -247,11 +247,13 @@ class ManagerAdmission(ManagerQueries):
                 admission.logged, keys, request.namespace, len(request.keys)
             )
 
-    def release(self, admission: Admission) -> None:
+    def release(self, admission: Admission, *, requeued: bool = False) -> None:
         """End a request: free its unused reserved blocks and its lease.
 
         Works for finished and failed requests alike (an engine failure releases its
-        leases, §10). Releasing twice is a no-op.
+        leases, §10). Releasing twice is a no-op. ``requeued``: the request was
+        retracted and waits in the queue to resume, so its workflow is not away (the
+        time-aware score keeps its weight).
         """
         if admission.done:
             return
@@ -265,7 +267,10 @@ class ManagerAdmission(ManagerQueries):
         if self.survival is not None:
             self.survival.on_released(admission)
         if self.timing is not None and admission.request.workflow_id is not None:
-            self.timing.on_released(admission.request.workflow_id, admission.request.agent)
+            if requeued:
+                self.timing.on_requeued(admission.request.workflow_id)
+            else:
+                self.timing.on_released(admission.request.workflow_id, admission.request.agent)
         self.tree.unlock(admission.lease)
 
     def _computed(self, keys: Sequence[int], start: int, end: int) -> None:

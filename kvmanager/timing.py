@@ -125,7 +125,7 @@ class GapModel:
         longer = len(gaps) - i
         if longer == 0:
             return elapsed_s
-        return sums[i] / longer - elapsed_s
+        return max(0.0, sums[i] / longer - elapsed_s)  # >= 0 past float rounding
 
 
 @dataclass(slots=True)
@@ -142,10 +142,11 @@ class _Away:
 class TimeWeights:
     """Keep each workflow's time factor ``f_w`` on a :class:`ScoreBoard` current.
 
-    Driven by the KV manager: :meth:`on_admitted` and :meth:`on_released` per request,
-    :meth:`on_invoked` per call, :meth:`on_terminated`, and :meth:`refresh` before
-    eviction decisions. A request retracted and readmitted counts as running again at
-    readmission (the wait between is short and not observed as a gap).
+    Driven by the KV manager: :meth:`on_admitted` and :meth:`on_released` per request
+    (:meth:`on_requeued` for one retracted to the queue), :meth:`on_invoked` per call,
+    :meth:`on_terminated`, and :meth:`refresh` before eviction decisions. A retracted
+    request's workflow keeps weight 1 while it is queued (it is not away) and counts as
+    running again at readmission (the wait between is not observed as a gap).
 
     Args:
         board: the score board whose workflows' weights are scaled.
@@ -182,8 +183,18 @@ class TimeWeights:
         if state is None:
             return
         if state.since_s is not None:
+            known = self.gaps.samples >= MIN_SAMPLES
             self.gaps.observe(state.agent, self.clock() - state.since_s)
+            if not known and self.gaps.samples >= MIN_SAMPLES:
+                self._first_weights(workflow_id)
         self._back(workflow_id, state)
+
+    def on_requeued(self, workflow_id: str) -> None:
+        """A request of ``workflow_id`` was retracted and queued again: it stops running
+        but the workflow is not away (it waits for a slot, not on a tool or a user)."""
+        state = self._workflows.get(workflow_id)
+        if state is not None and state.running > 0:
+            state.running -= 1
 
     def on_released(self, workflow_id: str, agent: str) -> None:
         """A request of ``workflow_id`` by ``agent`` ended; with none left running, the
@@ -219,7 +230,7 @@ class TimeWeights:
         remaining_s = self.gaps.remaining_s(agent, elapsed_s)
         if typical_s is None or remaining_s is None or typical_s <= 0.0:
             return 1.0
-        return typical_s / (typical_s + remaining_s)
+        return min(1.0, typical_s / (typical_s + remaining_s))
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -230,6 +241,14 @@ class TimeWeights:
             oldest = next(iter(self._workflows))
             self._set(oldest, self._workflows.pop(oldest), 1.0)
         return state
+
+    def _first_weights(self, invoked: str) -> None:
+        """The gap model just reached :data:`MIN_SAMPLES`: weigh every workflow already
+        waiting (their waits began while no weight could be given, so none has a refresh
+        due), all but ``invoked``, which is back."""
+        for workflow_id, state in self._workflows.items():
+            if workflow_id != invoked and state.since_s is not None:
+                self._apply(workflow_id, state)
 
     def _back(self, workflow_id: str, state: _Away) -> None:
         state.since_s, state.due_s = None, math.inf

@@ -147,3 +147,44 @@ def test_without_gaps_seen_the_score_is_eq_2():
     weights.on_released("w", "a")
     assert weights.weight("w") == 1.0 and nodes["w"].score == pytest.approx(0.9)
     assert weights.refreshes == 0
+
+
+def test_a_wait_begun_before_enough_gaps_is_weighed_once_they_are_seen():
+    clock = FakeClock()
+    board, nodes = board_with(["w", "v"])
+    weights = TimeWeights(board, clock)
+    weights.on_admitted("w")
+    weights.on_released("w", "a")  # waits; no gap known, so weight 1 and no refresh due
+    for _ in range(MIN_SAMPLES):  # other workflows' gaps of 1 s
+        weights.on_admitted("v")
+        weights.on_released("v", "a")
+        clock.advance(1.0)
+        weights.on_invoked("v")
+    assert weights.weight("w") < 1.0  # weighed when the model reached MIN_SAMPLES
+    clock.advance(600.0)
+    assert weights.refresh() >= 1  # and refreshed as its wait grows
+    assert weights.weight("w") == pytest.approx(weights.factor("a", clock() - 0.0))
+    assert weights.weight("w") < 0.01
+
+
+def test_a_retracted_request_keeps_its_workflow_at_weight_one_while_queued():
+    clock = FakeClock()
+    board, nodes, weights = trained(clock)
+    weights.on_admitted("w1")
+    weights.on_requeued("w1")  # retracted: waits for a slot, not on a tool
+    assert weights.weight("w1") == 1.0 and nodes["w1"].score == pytest.approx(0.9)
+    weights.on_admitted("w1")  # resumed
+    weights.on_released("w1", "slow")  # now it ends: away
+    assert weights.weight("w1") < 1.0
+
+
+def test_the_expected_rest_of_a_gap_is_never_negative():
+    """Float rounding: every longer gap barely above the wait so far."""
+    gaps = GapModel()
+    g = 93.91578613394343
+    for _ in range(512):
+        gaps.observe("a", g)
+    e = np.nextafter(g, 0.0)
+    assert gaps.remaining_s("a", e) >= 0.0
+    weights = TimeWeights(board_with(["w"])[0], FakeClock(), gaps)
+    assert weights.factor("a", e) <= 1.0
