@@ -21,12 +21,16 @@ and ``X-PBKV-Agent: <name>``::
 A run builds the team, loads the state the previous run left (so the conversation goes
 on, as a reused AutoGen team's does; :meth:`WorkflowTeam.reset` starts afresh), runs it,
 saves its state, closes the run's clients and ends the workflow (``POST
-/v1/pbkv/workflows/{id}/end``) whether the run returned, raised or was abandoned.
+/v1/pbkv/workflows/{id}/end``) whether the run returned, raised or was abandoned. A
+stream left before its end is an async generator: it ends when it is closed, so close it
+(``async with contextlib.aclosing(team.run_stream(...)) as stream``) to end the workflow
+and free the team for its next run at once, not when the garbage collector finalises it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any
@@ -37,6 +41,8 @@ from autogen_core.models import ModelFamily, ModelInfo
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 from pbkv.integrations.hints import end_workflow, hint_headers
+
+log = logging.getLogger(__name__)
 
 ClientFactory = Callable[[str], OpenAIChatCompletionClient]
 """``client(agent_name)``: a model client whose calls carry this run and that name."""
@@ -153,7 +159,8 @@ class WorkflowTeam:
         **run_kwargs: Any,
     ) -> AsyncGenerator[BaseAgentEvent | BaseChatMessage | TaskResult, None]:
         """Run the team as one workflow, yielding what ``Team.run_stream`` yields (its
-        ``TaskResult`` last). Arguments as :meth:`run`.
+        ``TaskResult`` last). Arguments as :meth:`run`. Leaving it early: close it
+        (``contextlib.aclosing``), or the run holds the team until it is finalised.
 
         Raises:
             RuntimeError: a run of this team is in progress.
@@ -187,9 +194,16 @@ class WorkflowTeam:
             await self._close(clients, workflow_id)
 
     async def _close(self, clients: list[OpenAIChatCompletionClient], workflow_id: str) -> None:
-        """Close the run's clients and end its workflow (failures logged, not raised)."""
+        """Close the run's clients and end its workflow (failures logged, not raised:
+        a client that fails to close does not keep the others open or the workflow
+        from ending)."""
         for built in clients:
-            await built.close()
+            try:
+                await built.close()
+            except Exception:
+                log.warning(
+                    "closing a model client of workflow %s failed", workflow_id, exc_info=True
+                )
         ended = await asyncio.to_thread(
             end_workflow, self._base_url, workflow_id, api_key=self._api_key
         )

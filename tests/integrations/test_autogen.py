@@ -157,3 +157,31 @@ async def test_a_selector_group_chat_with_tools_is_one_workflow_per_run_ended_by
     # every later call, the second run's first included, starts with cached blocks.
     assert len(cached) == 12 and cached[:2] == [0, 0], cached
     assert all(c > 0 for c in cached[2:]), cached
+
+
+def test_a_client_that_fails_to_close_does_not_keep_the_workflow_open(monkeypatch, caplog):
+    """``_close`` logs a failing ``close()`` and still closes the others and ends the
+    workflow."""
+    import pbkv.integrations.autogen as autogen
+
+    closed: list[str] = []
+
+    class Client:
+        def __init__(self, name: str, fails: bool) -> None:
+            self.name, self.fails = name, fails
+
+        async def close(self) -> None:
+            if self.fails:
+                raise OSError("socket gone")
+            closed.append(self.name)
+
+    ended: list[str] = []
+    monkeypatch.setattr(
+        autogen, "end_workflow", lambda url, wid, api_key: ended.append(wid) or True
+    )
+    team = WorkflowTeam(lambda client: None, base_url="http://127.0.0.1:1/v1", model="m")
+    clients = [Client("a", True), Client("b", False)]
+    with caplog.at_level(logging.WARNING, logger="pbkv.integrations.autogen"):
+        asyncio.run(team._close(clients, "wf-1"))  # type: ignore[arg-type]
+    assert closed == ["b"] and ended == ["wf-1"] and team.ended == ["wf-1"]
+    assert "closing a model client of workflow wf-1 failed" in caplog.text
