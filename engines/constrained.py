@@ -109,11 +109,13 @@ def tool_call_format(tools: Sequence[Mapping[str, Any]]) -> OutputFormat:
 
 def _hoisted(parameters: Mapping[str, Any], prefix: str) -> tuple[Any, dict[str, Any]]:
     """Return ``parameters`` without its ``$defs``/``definitions`` and those definitions
-    renamed ``{prefix}.NAME``, every ``$ref`` to them (and ``#``, the schema itself, kept
-    as ``{prefix}``) pointing at the new names under the root's ``$defs``."""
+    renamed ``{prefix}.NAME``, every ``$ref`` to them pointing at the new names under the
+    root's ``$defs``; a ``$ref`` to the schema itself (``#``) or into its body
+    (``#/properties/p``) points into a copy of the body kept as ``{prefix}``."""
     local = {k: v for k, v in parameters.items() if k not in ("$defs", "definitions")}
     defs = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
-    if not defs and not _refers_to_root(parameters):
+    into_body = _refers_into_body(parameters)
+    if not defs and not into_body:
         return parameters, {}
 
     def moved(node: Any) -> Any:
@@ -121,11 +123,7 @@ def _hoisted(parameters: Mapping[str, Any], prefix: str) -> tuple[Any, dict[str,
             out = {k: moved(v) for k, v in node.items()}
             ref = node.get("$ref")
             if isinstance(ref, str):
-                for head in ("#/$defs/", "#/definitions/"):
-                    if ref.startswith(head):
-                        out["$ref"] = f"#/$defs/{prefix}.{ref[len(head) :]}"
-                if ref == "#":
-                    out["$ref"] = f"#/$defs/{prefix}"
+                out["$ref"] = _moved_ref(ref, prefix)
             return out
         if isinstance(node, list):
             return [moved(v) for v in node]
@@ -133,16 +131,39 @@ def _hoisted(parameters: Mapping[str, Any], prefix: str) -> tuple[Any, dict[str,
 
     hoisted = {f"{prefix}.{name}": moved(schema) for name, schema in defs.items()}
     body = moved(local)
-    if _refers_to_root(parameters):
+    if into_body:
         hoisted[prefix] = body
     return body, hoisted
 
 
-def _refers_to_root(node: Any) -> bool:
+_DEFS_HEADS = ("#/$defs/", "#/definitions/")
+
+
+def _moved_ref(ref: str, prefix: str) -> str:
+    """Return where ``ref`` of a schema hoisted under ``prefix`` points now (a remote or
+    ``$id``-relative ref unchanged)."""
+    for head in _DEFS_HEADS:
+        if ref.startswith(head):
+            return f"#/$defs/{prefix}.{ref[len(head) :]}"
+    if ref == "#":
+        return f"#/$defs/{prefix}"
+    if ref.startswith("#/"):
+        return f"#/$defs/{prefix}/{ref[2:]}"
+    return ref
+
+
+def _refers_into_body(node: Any) -> bool:
+    """Whether a ``$ref`` under ``node`` points at the root schema or into its body (not
+    into its definitions)."""
     if isinstance(node, Mapping):
-        return node.get("$ref") == "#" or any(_refers_to_root(v) for v in node.values())
+        ref = node.get("$ref")
+        if isinstance(ref, str) and (
+            ref == "#" or (ref.startswith("#/") and not ref.startswith(_DEFS_HEADS))
+        ):
+            return True
+        return any(_refers_into_body(v) for v in node.values())
     if isinstance(node, list):
-        return any(_refers_to_root(v) for v in node)
+        return any(_refers_into_body(v) for v in node)
     return False
 
 

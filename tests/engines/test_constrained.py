@@ -166,3 +166,27 @@ def test_a_tool_whose_parameters_use_defs_gives_a_format_that_resolves(tools):
     assert out[-1] == END
     [call] = parse_reply(make_tool_parser("hermes"), decode(out[:-1])).calls
     jsonschema.validate(json.loads(call.arguments), NESTED["function"]["parameters"])
+
+
+INTO_BODY = {  # a $ref into the schema's own body, beside one into its $defs
+    "type": "function",
+    "function": {
+        "name": "move",
+        "parameters": {
+            "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+            "type": "object",
+            "properties": {"src": {"$ref": "#/$defs/P"}, "dst": {"$ref": "#/properties/src"}},
+            "required": ["src", "dst"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("tools", [[INTO_BODY], [ADD, INTO_BODY]])
+def test_a_ref_into_the_parameters_body_still_resolves_once_hoisted(tools):
+    formatted = tool_call_format(tools)
+    body = json.loads(formatted.example()[len("<tool_call>\n") : -len("\n</tool_call>")])
+    jsonschema.validate(body, formatted.schema)
+    if body["name"] == "move":
+        jsonschema.validate(body["arguments"], INTO_BODY["function"]["parameters"])
+    TokenConstraint(formatted, smollm2_tokenizer())  # llguidance compiles it
