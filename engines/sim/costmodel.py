@@ -378,7 +378,12 @@ class CostModel:
         make the step compute-bound and stall every decoding sequence for each extra
         token (Sarathi-Serve's stall-free token budget, Agrawal et al., OSDI 2024, on
         this roofline). Attention FLOPs of the chunk are left out, so a step carrying
-        the budget runs at most slightly past the decode step's time.
+        the budget runs at most slightly past the decode step's time. With a refined
+        profile's ``overlap`` ``o < 1`` no token is wholly free (under the memory time
+        each still adds ``(1 − o)`` of its compute); the budget is then the interpolation
+        ``o · (memory_s − compute_s) · tp · F / (2·P)``: exact at ``o = 1`` (every GPU
+        profile), none at ``o = 0`` (a CPU, where smaller chunks only add forwards), and a
+        heuristic between, which no shipped profile uses.
 
         Args:
             decode_batch: sequences decoding one token each, ``>= 0``.
@@ -402,7 +407,7 @@ class CostModel:
             memory_s = bytes_per_gpu / t.memory_bandwidth_bytes_per_s_per_gpu
             slack_s = max(0.0, memory_s - flops / t.compute_flops_per_s)
         if self._terms.overlap < 1.0:
-            slack_s *= self._terms.overlap  # only the hidden share of a token's compute is free
+            slack_s *= self._terms.overlap  # the interpolation of the docstring
         per_token_s = 2.0 * self.model.num_params / self.compute_flops_per_s
         return int(slack_s / per_token_s)
 
