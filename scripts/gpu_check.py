@@ -11,6 +11,8 @@ Measures (§7.2, issue 5):
    16 layers, 8 KV heads, hidden 2048; timings do not depend on the weights).
 3. lru vs pbkv through the actor system on the real clock at that shape: ``codegen``
    and ``taubench`` workloads replayed, much less cut down than on a CPU.
+5. ``pbkv calibrate`` on the same model as 1 (the CUDA path of the calibration: device
+   syncs, the GPU's memory in the profile) and the fitted profile's error per step.
 4. ``pbkv demo`` itself on the GPU: the live-codegen app, routing on what the model
    writes and on real test runs, lru vs pbkv (also written on its own as ``demo.json``
    beside the report, as ``pbkv demo --json`` writes it); on the same model as 1.
@@ -185,6 +187,37 @@ def small_model_costs(source: str, device: torch.device, quick: bool) -> dict[st
     return {"model": source, **costs(load_model(source, device=device), quick)}
 
 
+def calibration(source: str, device: torch.device, quick: bool) -> dict[str, object]:
+    """Fit a sim hardware profile to the model's forwards on ``device`` (``pbkv
+    calibrate``); return its figures and each measured step beside the fit."""
+    from pbkv.engines.sim.profile import load_model as load_model_profile
+    from pbkv.engines.torchengine.calibrate import calibrate, check_profile, fit_profile
+
+    model = load_model(source, device=device)
+    profile = load_model_profile("smollm2-135m")
+    cal = calibrate(model, prefill_tokens=128 if quick else 512, steps=3 if quick else 8)
+    measured = {
+        "model": source,
+        "device": cal.device,
+        "device_memory_bytes": cal.device_memory_bytes,
+        "points": [{"step": p.what, "measured_s": p.step_s} for p in cal.points],
+    }
+    try:  # a small model on a large GPU may be all overhead: keep the measurements
+        hardware = fit_profile(cal, profile, "gpu-check", _device_name(device))
+    except ValueError as exc:
+        return {**measured, "fit_error": str(exc)}
+    fields = ("memory_bytes_per_gpu", "memory_bandwidth_bytes_per_s", "peak_flops_per_s")
+    fields += ("step_overhead_s", "sequence_overhead_s", "overlap", "host_link_bytes_per_s")
+    return {
+        **measured,
+        "profile": {name: getattr(hardware, name) for name in fields},
+        "steps": [
+            {"step": c.what, "measured_s": c.measured_s, "sim_s": c.predicted_s}
+            for c in check_profile(cal, hardware, profile)
+        ],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
@@ -227,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         report.failed.append("comparison")
     demo_out = args.out.with_name("demo.json")
     report.run("live_demo", lambda: live_demo(device, source, args.quick, demo_out))
+    report.run("calibrate", lambda: calibration(source, device, args.quick))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if report.ok else 1
 

@@ -94,12 +94,17 @@ class Calibration:
         reload_bytes_per_s: host → device block copies, in the engine's bytes.
         engine_dtype_bytes: bytes per element the engine computes in.
         threads: torch's intra-op threads during the measurement.
+        device: where the forwards ran (``cpu``, ``cuda:0``...).
+        device_memory_bytes: that device's memory: a GPU's total, a CPU's physical
+            memory (``os.sysconf``).
     """
 
     points: tuple[StepPoint, ...]
     reload_bytes_per_s: float
     engine_dtype_bytes: int
     threads: int
+    device: str = "cpu"
+    device_memory_bytes: int = 0
 
 
 def calibrate(
@@ -149,7 +154,17 @@ def calibrate(
         reload_bytes_per_s=reload_bytes_per_s(model, BLOCK_SIZE),
         engine_dtype_bytes=weight.element_size(),
         threads=torch.get_num_threads(),
+        device=str(weight.device),
+        device_memory_bytes=device_memory_bytes(weight.device),
     )
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Return ``device``'s memory in bytes: a CUDA device's total, else this machine's
+    physical memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class _Forwards:
@@ -302,7 +317,8 @@ def fit_profile(
         raise ValueError("no positive compute and memory rates fit the measurements")
     error, overlap, rates = best
     link = cal.reload_bytes_per_s * SIM_DTYPE_BYTES / cal.engine_dtype_bytes
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    on_gpu = cal.device.startswith("cuda")
+    memory = cal.device_memory_bytes or device_memory_bytes(torch.device("cpu"))
     when = datetime.date.today().isoformat()
     by = f"pbkv calibrate on {platform.node() or 'this machine'}, {when}, {cal.threads} threads"
     fitted = (
@@ -310,8 +326,12 @@ def fit_profile(
         f"({_listed(cal.points)}), rms error {error:.1%}"
     )
     sources = {
-        "tp": "one CPU process",
-        "memory_bytes_per_gpu": "physical memory (os.sysconf); the bench sizes tiers in tokens",
+        "tp": f"one process on {cal.device}",
+        "memory_bytes_per_gpu": (
+            f"{cal.device}'s total memory (torch.cuda)"
+            if on_gpu
+            else "physical memory (os.sysconf); the bench sizes tiers in tokens"
+        ),
         "memory_bandwidth_bytes_per_s": (
             f"{fitted}; in the sim's 2-byte units (the engine runs "
             f"{cal.engine_dtype_bytes}-byte weights)"
@@ -332,7 +352,7 @@ def fit_profile(
         name=name,
         description=description,
         tp=1,
-        memory_bytes_per_gpu=int(ram),
+        memory_bytes_per_gpu=int(memory),
         memory_bandwidth_bytes_per_s=rates.bytes_per_s,
         peak_flops_per_s=rates.flops_per_s,
         host_link_bytes_per_s=link,
@@ -435,8 +455,12 @@ def run_command(
     profile_model = load_model_profile(MODEL_PROFILES.get(model_name, model_name))
     calibration = calibrate(model, prefill_tokens=prefill_tokens, steps=steps, repeats=repeats)
     name = profile_name or (Path(out).stem if out else "calibrated")
-    cpu = platform.processor() or platform.machine()
-    description = f"this machine's CPU ({cpu}, {calibration.threads} threads), torch engine"
+    if calibration.device.startswith("cuda"):
+        gpu = torch.cuda.get_device_name(torch.device(calibration.device))
+        description = f"this machine's {gpu} ({calibration.device}), torch engine"
+    else:
+        cpu = platform.processor() or platform.machine()
+        description = f"this machine's CPU ({cpu}, {calibration.threads} threads), torch engine"
     hardware = fit_profile(calibration, profile_model, name, description)
     table = Table(title=f"{name} x {profile_model.name}: measured vs the fitted sim")
     for header in ("step", "measured ms", "sim ms", "sim / measured"):

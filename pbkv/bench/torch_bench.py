@@ -486,9 +486,12 @@ def config_from_bench(
     ``model`` names the torch model; a sim model profile or ``None`` (the sim bench's
     option left at its default) means :func:`default_torch_model`. The sim bench's
     default rows become :data:`TORCH_POLICIES`, its default profiles the calibrated
-    ones; the prediction runs for SmolLM2 only (the profile's model).
+    ones; the prediction runs for SmolLM2 only (the profile's model), and on a GPU only
+    with a hardware profile named (the calibrated one is this project's CPU).
     """
     from pathlib import Path
+
+    import torch
 
     from pbkv.bench.config import DEFAULT_POLICIES
     from pbkv.engines.torchengine.model import MODEL_NAMES
@@ -496,14 +499,17 @@ def config_from_bench(
     defaults = BenchConfig()
     torch_model = model if model in MODEL_NAMES or Path(str(model)).is_dir() else None
     torch_model = torch_model or default_torch_model()
+    on_gpu = str(device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    named = bench.hardware != defaults.hardware
     bench = dataclasses.replace(
         bench,
         policies=TORCH_POLICIES if bench.policies == DEFAULT_POLICIES else bench.policies,
-        hardware=CALIBRATED_HARDWARE if bench.hardware == defaults.hardware else bench.hardware,
+        hardware=bench.hardware if named else CALIBRATED_HARDWARE,
         model=CALIBRATED_MODEL,
     )
+    predict = torch_model == "smollm2" and (named or not on_gpu)
     return TorchBenchConfig(
-        bench, model=torch_model, repeats=repeats, predict=torch_model == "smollm2", device=device
+        bench, model=torch_model, repeats=repeats, predict=predict, device=device
     )
 
 

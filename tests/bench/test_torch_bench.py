@@ -79,6 +79,12 @@ def test_the_command_maps_the_sim_benchs_defaults_to_the_torch_ones() -> None:
     tiny = config_from_bench(BenchConfig(policies=("lru", "pbkv"), hardware="h200"), "tiny", 2)
     assert (tiny.model, tiny.predict, tiny.repeats) == ("tiny", False, 2)
     assert tiny.bench.policies == ("lru", "pbkv") and tiny.bench.hardware == "h200"
+    # on a GPU the calibrated (CPU) profile predicts nothing; a named profile does
+    gpu = config_from_bench(BenchConfig(app="hover"), "smollm2", 3, device="cuda")
+    assert not gpu.predict and gpu.bench.hardware == CALIBRATED_HARDWARE
+    named = config_from_bench(BenchConfig(app="hover", hardware="h200"), "smollm2", 3, "cuda")
+    assert named.predict and named.bench.hardware == "h200"
+    assert config_from_bench(BenchConfig(app="hover"), "smollm2", 3, device="cpu").predict
 
 
 def test_a_tier_too_small_for_the_largest_request_is_refused(tiny) -> None:

@@ -116,3 +116,17 @@ def test_a_short_calibration_of_the_tiny_model_measures_every_step() -> None:
     assert cal.threads == torch.get_num_threads()
     with pytest.raises(ValueError, match=">= 1"):
         calibrate(model, steps=0)
+
+
+def test_a_gpu_calibration_sizes_the_profile_by_the_gpus_memory() -> None:
+    """On CUDA the profile's memory is the device's, not the host's RAM."""
+    import dataclasses
+
+    on_gpu = dataclasses.replace(
+        consistent(**ROOFLINE), device="cuda:0", device_memory_bytes=80 * 2**30
+    )
+    hw = fit_profile(on_gpu, SMOLLM2, "gpu-test", "a test GPU")
+    assert hw.memory_bytes_per_gpu == 80 * 2**30
+    assert "cuda:0" in hw.sources["memory_bytes_per_gpu"] and "cuda:0" in hw.sources["tp"]
+    on_cpu = fit_profile(consistent(**ROOFLINE), SMOLLM2, "cpu-test", "a test CPU")
+    assert "os.sysconf" in on_cpu.sources["memory_bytes_per_gpu"]
