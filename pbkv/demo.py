@@ -115,7 +115,7 @@ class DemoConfig:
     analysis_tokens: int = 16
     device: str | None = None
     seed: int = 0
-    context_tokens: int = 768
+    context_tokens: int = 1024
     repeats: int = 1
     shared_context: bool = True
 
