@@ -26,6 +26,7 @@ TARGET_HOVER_C72 = {"lru": 1.5, "lru:workflow": 1.15}
 # 2025-26 baselines, with pbkv's p99 no worse. Every app and seed: pbkv over lru:workflow.
 TARGET_OPEN = {"lru:workflow": 1.3, "baseline": 1.15}
 TARGET_OPEN_POINT = (0.9, 10.0)
+TARGET_OPEN_APPS = ("hover", "taubench")
 TARGET_WORST = 0.99
 BASELINES = ("continuum", "lru:autellix", "markov-survival:workflow")
 
@@ -55,13 +56,16 @@ def bench_table(run: dict) -> list[str]:
     own_min = all(r.get("min_total_hit_rate") is not None for r in run["results"]) and all(
         r["min_total_hit_rate"] == r["min_total_hit_rate"] for r in run["results"]
     )  # NaN (not measured) is the only value unequal to itself
+    slo = run["config"].get("slo_s")
     lines = [
         "| policy | scheduler | predictor | mean lat s | p99 lat s | mean TTFT s | GPU hit % "
         f"| host hit % | total hit % | recomputed tok | speedup vs {vs} | GPU hit ratio "
         f"| total hit ratio | recompute ratio |"
-        + (" MIN total hit % (own order) |" if own_min else ""),
+        + (" MIN total hit % (own order) |" if own_min else "")
+        + (f" goodput wf/s (SLO {slo:g} s) |" if slo is not None else ""),
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-        + ("---:|" if own_min else ""),
+        + ("---:|" if own_min else "")
+        + ("---:|" if slo is not None else ""),
     ]
     for r in run["results"]:
         total = r.get("total_hit_rate", r["gpu_hit_rate"] + r["host_hit_rate"])
@@ -75,9 +79,10 @@ def bench_table(run: dict) -> list[str]:
             f"{r['gpu_hit_rate'] / base['gpu_hit_rate']:.3f}x | {total / base_total:.3f}x | "
             f"{r['recomputed_tokens'] / max(1, base['recomputed_tokens']):.3f}x |"
             + (f" {100 * r['min_total_hit_rate']:.1f} |" if own_min else "")
+            + (f" {_num(goodput(r), 4)} |" if slo is not None else "")
         )
     b = run.get("bounds")
-    pad = " |" if own_min else ""
+    pad = (" |" if own_min else "") + (" |" if slo is not None else "")
     if b:
         lines.append(
             f"| ceiling (infinite cache) | any | | | | | | | {100 * b['ceiling_hit_rate']:.1f} "
@@ -113,7 +118,16 @@ def describe(run: dict) -> str:
         text += f", open loop at load {c['load']:g}" if c.get("load") else ", open loop"
     if c.get("gap_scale", 1.0) != 1.0 or c.get("gap_model", "bundled") != "bundled":
         text += f", gaps x{c.get('gap_scale', 1.0):g} ({c.get('gap_model', 'bundled')})"
+    if c.get("slo_s") is not None:
+        text += f", SLO {c['slo_s']:g} s"
     return text
+
+
+def goodput(row: dict) -> float | None:
+    """The row's goodput (workflows per second within the run's ``--slo-s``), or ``None``
+    where the run set no SLO (the JSON has null, or NaN from an older writer)."""
+    value = row.get("goodput_workflows_per_s")
+    return None if value is None or value != value else value
 
 
 def is_open(config: dict) -> bool:
@@ -152,11 +166,28 @@ def _lat(rows: dict[str, dict], name: str) -> str:
     return "-" if r is None else f"{r['mean_latency_s']:.1f} / {r['p99_latency_s']:.1f}"
 
 
+def _open_key(run: dict) -> tuple:
+    c = run["config"]
+    return (
+        c["app"],
+        c.get("gap_model", "bundled"),
+        c.get("gap_scale", 1.0),
+        c.get("load") or 0.0,
+        c["seed"],
+    )
+
+
+def _best_baseline(rows: dict[str, dict]) -> str | None:
+    present = [n for n in BASELINES if n in rows]
+    return min(present, key=lambda n: rows[n]["mean_latency_s"]) if present else None
+
+
 def open_loop_section(data: Path) -> list[str]:
     """The open-loop summary (``open-*.json``): mean / p99 latency from arrival per row,
-    pbkv's and pbkv-timed's speedups over lru:workflow and the best 2025-26 baseline, and
-    lru:workflow over the uncontested reference (what any cache policy could gain at most)."""
-    runs = [(p, json.loads(p.read_text())) for p in sorted(data.glob("open-*.json"))]
+    pbkv's and pbkv-timed's speedups over lru:workflow and the best 2025-26 baseline,
+    lru:workflow over the uncontested reference (what any cache policy could gain at most),
+    and, for the runs that set an SLO, each row's goodput."""
+    runs = sorted((json.loads(p.read_text()) for p in data.glob("open-*.json")), key=_open_key)
     if not runs:
         return []
     out = [
@@ -164,12 +195,12 @@ def open_loop_section(data: Path) -> list[str]:
         "",
         "`pbkv bench --app hover --workflows 144 --concurrency 72 --load 0.9 --gap-scale 10 "
         "--policies lru:workflow,continuum,markov-survival:workflow,pbkv,pbkv-timed:workflow "
-        "--json docs/data/open-hover-load0.9-gap10.json`, and so for each app, load L and gap "
-        "scale G below (concurrency C = 72 for hover, 48 for taubench; the "
-        "(0.9, 10) runs add `lru:autellix`; swebench runs 96 workflows at C = 24 with "
-        "`--gap-model cited`). Poisson session arrivals at L x lru:workflow's closed-loop "
-        "throughput at C (measured first); every tool and think gap x G; latency counts from "
-        "arrival. Each run's command and full table are below.",
+        "--json docs/data/open-hover-load0.9-gap10.json`, and so for each app, workflows W, "
+        "concurrency cap C, load L, gap scale G and seed below (the hover and taubench runs at "
+        "(0.9, 10) add `lru:autellix`; the runs with an SLO add `--slo-s`; swebench's `cited` "
+        "run adds `--gap-model cited`). Poisson session arrivals at L x lru:workflow's "
+        "closed-loop throughput at C (measured first); every tool and think gap x G; latency "
+        "counts from arrival. Each run's command and full table are below.",
         "",
         "Cells: mean / p99 latency from arrival, simulated s. Ratios are speedups in mean "
         "latency (the other row's mean over pbkv's). *best baseline*: the fastest of "
@@ -178,35 +209,40 @@ def open_loop_section(data: Path) -> list[str]:
         "everything): about the most any cache policy could gain at that load, to read beside "
         "pbkv / lru:workflow. *p99 ratio* below 1: pbkv's p99 is lower.",
         "",
-        "| app | load | gaps | lru:workflow | best baseline | pbkv | pbkv-timed "
+        "| app | W / C | seed | load | gaps | lru:workflow | best baseline | pbkv | pbkv-timed "
         "| pbkv / lru:workflow | pbkv / best baseline | pbkv-timed / lru:workflow "
         "| lru:workflow / uncontested | pbkv p99 / lru:workflow p99 |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     targets: list[str] = []
-    for _, run in runs:
+    worst: list[tuple[float, str]] = []
+    for run in runs:
         c, rows, b = run["config"], by_policy(run), run.get("bounds") or {}
-        present = [n for n in BASELINES if n in rows]
-        best = min(present, key=lambda n: rows[n]["mean_latency_s"]) if present else None
+        best = _best_baseline(rows)
         unc = b.get("uncontested_latency_s")
         wf = rows.get("lru:workflow")
         headroom = wf["mean_latency_s"] / unc if wf and unc else None
         p99 = rows["pbkv"]["p99_latency_s"] / wf["p99_latency_s"] if wf and "pbkv" in rows else None
         gaps = f"x{c.get('gap_scale', 1.0):g} {c.get('gap_model', 'bundled')}"
+        vs_wf = speedup(run, "lru:workflow", "pbkv")
+        where = f"{c['app']}, load {c.get('load') or '-'}, gaps {gaps}, seed {c['seed']}"
+        if vs_wf is not None:
+            worst.append((vs_wf, where))
         out.append(
-            f"| {c['app']} | {c.get('load') or '-'} | {gaps} | {_lat(rows, 'lru:workflow')} | "
+            f"| {c['app']} | {c['workflows']} / {c['concurrency']} | {c['seed']} | "
+            f"{c.get('load') or '-'} | {gaps} | {_lat(rows, 'lru:workflow')} | "
             + (f"{best} {_lat(rows, best)}" if best else "-")
             + f" | {_lat(rows, 'pbkv')} | {_lat(rows, 'pbkv-timed:workflow')} | "
-            f"{_ratio(speedup(run, 'lru:workflow', 'pbkv'))} | "
+            f"{_ratio(vs_wf)} | "
             f"{_ratio(speedup(run, best, 'pbkv') if best else None)} | "
             f"{_ratio(speedup(run, 'lru:workflow', 'pbkv-timed:workflow'))} | "
             f"{_ratio(headroom)} | {_ratio(p99)} |"
         )
         point = (c.get("load"), c.get("gap_scale", 1.0))
+        target_app = c["app"] in TARGET_OPEN_APPS
         if point == TARGET_OPEN_POINT and c.get("gap_model", "bundled") == "bundled" and best:
-            vs_wf = speedup(run, "lru:workflow", "pbkv")
             vs_best = speedup(run, best, "pbkv")
-            if vs_wf is None or vs_best is None or p99 is None:
+            if not target_app or vs_wf is None or vs_best is None or p99 is None:
                 continue
             verdicts = [
                 f"pbkv / lru:workflow {vs_wf:.3f}x (target {TARGET_OPEN['lru:workflow']}x: "
@@ -218,10 +254,72 @@ def open_loop_section(data: Path) -> list[str]:
                 f"p99 {p99:.3f}x lru:workflow's ({'no worse' if p99 <= 1 else 'worse'})",
             ]
             targets.append(
-                f"- **Target, {c['app']} at load 0.9, gaps x10**: {'; '.join(verdicts)}."
+                f"- **Target, {c['app']} at load 0.9, gaps x10, seed {c['seed']}**: "
+                f"{'; '.join(verdicts)}."
             )
+    if worst:
+        low = min(worst)
+        targets.append(
+            f"- **Worst pbkv / lru:workflow in open loop**: {low[0]:.3f}x ({low[1]}) over "
+            f"{len(worst)} runs (target {TARGET_WORST}x: "
+            f"{'met' if low[0] >= TARGET_WORST else 'not met'})."
+        )
     out += ["", *targets, ""] if targets else [""]
-    return out
+    return out + goodput_table(runs)
+
+
+def goodput_table(runs: list[dict]) -> list[str]:
+    """Goodput per row for the open-loop runs that set an SLO (``--slo-s``)."""
+    with_slo = [r for r in runs if r["config"].get("slo_s") is not None]
+    if not with_slo:
+        return []
+    out = [
+        "### Goodput within each app's SLO",
+        "",
+        "Workflows that ran to their end within the SLO, per second of makespan (wf/s), for "
+        "the open-loop runs above that set `--slo-s`. Each app's SLO is twice the uncontested "
+        "reference's mean latency at load 0.9, gaps x10 (seed 0), the same at every load and "
+        "seed ([results-notes.md](results-notes.md)). *within SLO %*: goodput over "
+        "throughput. *best baseline*: the one of "
+        f"{', '.join(BASELINES)} with the most goodput in that run. Ratios: pbkv's goodput "
+        "over the other row's (above 1: pbkv finishes more workflows in time).",
+        "",
+        "| app | seed | load | gaps | SLO s | lru:workflow | best baseline | pbkv | pbkv-timed "
+        "| pbkv within SLO % | lru:workflow within SLO % | pbkv / lru:workflow "
+        "| pbkv / best baseline |",
+        "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def cell(rows: dict[str, dict], name: str | None) -> str:
+        value = goodput(rows[name]) if name in rows else None
+        return _num(value, 4)
+
+    def share(rows: dict[str, dict], name: str) -> str:
+        r = rows.get(name)
+        value = goodput(r) if r else None
+        if value is None or not r["throughput_workflows_per_s"]:
+            return "-"
+        return f"{100 * value / r['throughput_workflows_per_s']:.1f}"
+
+    def ratio(rows: dict[str, dict], over: str | None) -> str:
+        pb = goodput(rows["pbkv"]) if "pbkv" in rows else None
+        other = goodput(rows[over]) if over in rows else None
+        return _ratio(pb / other if pb is not None and other else None)
+
+    for run in with_slo:
+        c, rows = run["config"], by_policy(run)
+        present = [n for n in BASELINES if n in rows and goodput(rows[n]) is not None]
+        best = max(present, key=lambda n: goodput(rows[n])) if present else None
+        out.append(
+            f"| {c['app']} | {c['seed']} | {c.get('load') or '-'} | "
+            f"x{c.get('gap_scale', 1.0):g} {c.get('gap_model', 'bundled')} | {c['slo_s']:g} | "
+            f"{cell(rows, 'lru:workflow')} | "
+            + (f"{best} {cell(rows, best)}" if best else "-")
+            + f" | {cell(rows, 'pbkv')} | {cell(rows, 'pbkv-timed:workflow')} | "
+            f"{share(rows, 'pbkv')} | {share(rows, 'lru:workflow')} | "
+            f"{ratio(rows, 'lru:workflow')} | {ratio(rows, best)} |"
+        )
+    return [*out, ""]
 
 
 def seeds_section(data: Path) -> list[str]:

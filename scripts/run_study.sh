@@ -43,16 +43,24 @@ baselines=continuum,lru:autellix,markov-survival:workflow,pbkv-timed:workflow
 open_rows=lru:workflow,continuum,markov-survival:workflow,pbkv,pbkv-timed:workflow
 # open loop (issue 28 items 1, 2): Poisson arrivals at LOAD x lru:workflow's measured closed-loop
 # capacity, latency from arrival, every tool and think gap x GAP; the target point (0.9, 10) also
-# runs Autellix. open_loop NAME APP CONCURRENCY LOAD GAP ROWS [MORE ARGS...]
+# runs Autellix. open_loop NAME APP CONCURRENCY LOAD GAP ROWS [MORE ARGS...]; WORKFLOWS=N (default
+# 144) and SUFFIX=S (appended to the JSON's name, e.g. -seed1) may be set for one call
 open_loop() {
   local name=$1 app=$2 conc=$3 load=$4 gap=$5 rows=$6
   shift 6
-  run "$name" pbkv bench --app "$app" --workflows 144 --concurrency "$conc" --load "$load" \
-    --gap-scale "$gap" --policies "$rows" "$@" --json "$out/open-$app-load$load-gap$gap.json"
+  run "$name" pbkv bench --app "$app" --workflows "${WORKFLOWS:-144}" --concurrency "$conc" \
+    --load "$load" --gap-scale "$gap" --policies "$rows" "$@" \
+    --json "$out/open-$app-load$load-gap$gap${SUFFIX:-}.json"
 }
+# goodput SLO per app (issue 28 item 1): twice the uncontested reference's mean latency
+# (lru:fcfs-balanced, a GPU tier holding everything) at load 0.9, gaps x10, rounded to the
+# second; measured by a one-row run (--policies lru:workflow) of each app's open-loop command
+# below, before the rows were run (docs/results-notes.md)
+declare -A slo=([hover]=231 [taubench]=211 [codegen]=448 [swebench]=1094 [financebench]=232
+  [groupchat]=417 [toolloop]=689)
 # the runs go in order of what the study needs most, so that a study cut short still has them
-open_loop open-hover-0.9-10 hover 72 0.9 10 "$open_rows,lru:autellix"
-open_loop open-taubench-0.9-10 taubench 48 0.9 10 "$open_rows,lru:autellix"
+open_loop open-hover-0.9-10 hover 72 0.9 10 "$open_rows,lru:autellix" --slo-s "${slo[hover]}"
+open_loop open-taubench-0.9-10 taubench 48 0.9 10 "$open_rows,lru:autellix" --slo-s "${slo[taubench]}"
 run hover-c72 pbkv bench --app hover --workflows 144 --concurrency 72 \
   --policies "$paper,$baselines" --json "$out/bench-hover-c72.json"
 run taubench-c48 pbkv bench --app taubench --workflows 144 --concurrency 48 \
@@ -76,6 +84,33 @@ done
 run open-swebench-cited pbkv bench --app swebench --workflows 96 --concurrency 24 --load 0.9 \
   --gap-scale 10 --gap-model cited --policies "$open_rows" \
   --json "$out/open-swebench-cited-load0.9-gap10.json"
+# the grid's gaps filled in (issue 28 item 7), each with its app's SLO: the target point for
+# every other generated app (each at the concurrency of its closed-loop runs, 2-3 waves of
+# workflows), loads 0.7 and 1.1 for hover and taubench, and seeds 1 and 2 at the target point
+for spec in codegen:32:96 swebench:24:96 financebench:48:144 groupchat:32:96 toolloop:32:96; do
+  IFS=: read -r app conc wf <<<"$spec"
+  WORKFLOWS=$wf open_loop "open-$app-0.9-10" "$app" "$conc" 0.9 10 "$open_rows" \
+    --slo-s "${slo[$app]}"
+done
+for load in 0.7 1.1; do
+  open_loop "open-hover-$load-10" hover 72 "$load" 10 "$open_rows" --slo-s "${slo[hover]}"
+  open_loop "open-taubench-$load-10" taubench 48 "$load" 10 "$open_rows" --slo-s "${slo[taubench]}"
+done
+for seed in 1 2; do
+  SUFFIX=-seed$seed open_loop "open-hover-0.9-10-seed$seed" hover 72 0.9 10 \
+    "$open_rows,lru:autellix" --seed "$seed" --slo-s "${slo[hover]}"
+  SUFFIX=-seed$seed open_loop "open-taubench-0.9-10-seed$seed" taubench 48 0.9 10 \
+    "$open_rows,lru:autellix" --seed "$seed" --slo-s "${slo[taubench]}"
+done
+# closed loop at the paper's loads with 4 waves of workflows (issue 28 item 7)
+run hover-c72-w4 pbkv bench --app hover --workflows 288 --concurrency 72 \
+  --policies "$paper,$baselines" --json "$out/bench-hover-c72-w4.json"
+run taubench-c48-w4 pbkv bench --app taubench --workflows 192 --concurrency 48 \
+  --policies "$paper,$baselines" --json "$out/bench-taubench-c48-w4.json"
+run financebench-c48-w4 pbkv bench --app financebench --workflows 192 --concurrency 48 \
+  --policies "$paper,$baselines" --json "$out/bench-financebench-c48-w4.json"
+run toolloop-c32-w4 pbkv bench --app toolloop --workflows 128 --concurrency 32 \
+  --policies "$paper,$baselines" --json "$out/bench-toolloop-c32-w4.json"
 run sweep-paper-load pbkv sweep concurrency --app hover --workflows 144 \
   --policies lru,lru:workflow,pbkv --values 8,16,32,48,72,96 --out-dir "$out/paper-load"
 run hover-c72-h200 pbkv bench --app hover --workflows 144 --concurrency 72 --policies "$paper" \
