@@ -27,7 +27,9 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
         "cpu-2core.toml is).",
     )
     p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
-    p.add_argument("--out", default=None, help="TOML file to write the profile to (default: print it)")
+    p.add_argument(
+        "--out", default=None, help="TOML file to write the profile to (default: print it)"
+    )
     p.add_argument("--name", default=None, help="profile name (default: --out's stem)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch threads")
     p.add_argument("--prefill-tokens", type=positive_int, default=512, help="chunk timed")
