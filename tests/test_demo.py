@@ -57,8 +57,8 @@ def run(policy: str, repeat: int, wall_s: float) -> DemoRun:
     return DemoRun(policy, result, (), None, repeat)
 
 
-def demo_of(runs: list[DemoRun]) -> DemoResult:
-    config = DemoConfig(model="tiny", repeats=3)
+def demo_of(runs: list[DemoRun], policies: tuple[str, ...] = ("lru", "pbkv")) -> DemoResult:
+    config = DemoConfig(model="tiny", policies=policies, repeats=3)
     return DemoResult("tiny", "cpu", ("add",), 512, 256, tuple(runs), config)
 
 
@@ -89,6 +89,25 @@ def test_the_gain_is_above_the_noise_only_when_the_runs_do_not_overlap() -> None
         and "10.0 [9.5–10.5]" in text
         and "0.80 [0.79–0.81]" in text
     )
+
+
+def test_a_pbkv_row_is_also_set_against_the_strongest_baseline() -> None:
+    rows = ("lru", "lru:workflow", "pbkv")
+    demo = demo_of(
+        [run("lru", 0, 10.0), run("lru:workflow", 0, 7.0), run("pbkv", 0, 6.9)]
+        + [run("pbkv", 1, 7.1), run("lru", 1, 10.5), run("lru:workflow", 1, 7.2)],
+        rows,
+    )
+    lines = gain_verdict(demo).splitlines()
+    assert lines[0].startswith("lru:workflow: 1.44x lru's mean wall time; every run faster")
+    assert lines[1].startswith("pbkv: 1.46x lru's mean wall time; every run faster")
+    assert lines[2] == (
+        "pbkv: 1.01x lru:workflow's mean wall time; the runs overlap (mean spread 0.2 s): "
+        "within the noise"
+    )
+    assert len(lines) == 3
+    # no baseline but the first: nothing more to say
+    assert len(gain_verdict(demo_of([run("lru", 0, 2.0), run("pbkv", 0, 1.0)])).splitlines()) == 1
 
 
 def test_a_demo_row_may_name_its_scheduler_as_the_bench_does() -> None:

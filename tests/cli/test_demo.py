@@ -20,6 +20,8 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
         "2",
         "--code-tokens",
         "16",
+        "--context-tokens",
+        "512",
         "--repeats",
         "1",
     ]
@@ -27,12 +29,13 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0
     assert "live-codegen: 2 workflows" in out and "wall-clock seconds" in out
-    table_row = r":\S+ +[\d.,]+ +[\d.,]+ "  # a row name, then two figures
-    assert [len(re.findall(rf"^{p}{table_row}", out, re.M)) for p in ("lru", "pbkv")] == [1, 1]
+    rows = ("lru:fcfs", "lru:workflow", "pbkv:workflow")  # the defaults, scheduler named
+    figures = r" +[\d.,]+ +[\d.,]+ "  # a row name, then two figures
+    assert [len(re.findall(rf"^{p}{figures}", out, re.M)) for p in rows] == [1, 1, 1]
     assert "paths taken" in out
 
     demo = json.loads(out_json.read_text())
-    assert [r["policy"] for r in demo["runs"]] == ["lru", "pbkv"]
+    assert [r["policy"] for r in demo["runs"]] == ["lru", "lru:workflow", "pbkv"]
     assert demo["tasks"] == ["add", "is_even"]
     for run in demo["runs"]:
         kv = run["result"]["kv"]
@@ -50,7 +53,7 @@ def test_demo_on_the_tiny_model_routes_on_real_test_runs(capsys, tmp_path):
             assert all(r.split(":")[0] in ("ERROR", "FAIL") for r in path["reports"])
 
     records = read_traces(traces, strict=True).records
-    assert len(records) == 4 and {r.app for r in records} == {"live-codegen"}
+    assert len(records) == 6 and {r.app for r in records} == {"live-codegen"}
     assert all(r.agents == ("planner", "coder", "analyzer", "coder") for r in records)
     assert all(r.steps[2].gap_s > 0 for r in records)  # the real test run before the Analyzer
     markov = make_forecaster(
