@@ -40,9 +40,14 @@ def write_json(
     results: Sequence[PolicyResult],
     argv: Sequence[str] | None = None,
     run: BenchRun | None = None,
+    *,
+    timeline: bool = False,
 ) -> None:
     """Write the command, config, GPU capacity used, every result, the gain by part
     (``decomposition``: :func:`gain_decomposition`) and the bounds as JSON.
+
+    Each result's per-invocation hit timeline (``hit_timeline``, a pair per invocation:
+    most of the file at paper scale) is written only with ``timeline``.
 
     With ``run``, adds the top-level ``bounds`` object, how the GPU tier was sized
     (``wanted_gpu_kv_tokens``, ``profile_kv_tokens``, ``gpu_kv_capped``) and the open
@@ -55,7 +60,7 @@ def write_json(
         "command": command_line(argv),
         "config": config,
         "gpu_kv_tokens": gpu_kv_tokens,
-        "results": [result_record(r) for r in results],
+        "results": [result_record(r, timeline=timeline) for r in results],
         "decomposition": gain_decomposition(results),
     }
     if run is not None:

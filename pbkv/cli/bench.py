@@ -40,6 +40,12 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="torch: runs of every row, in rotated order (spreads over them)",
     )
     p.add_argument("--json", dest="json_path", default=None, help="write results to this JSON file")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also write each row's per-invocation hit timeline into --json (large: a pair "
+        "per invocation; pbkv trace-plot plots it)",
+    )
     p.set_defaults(run=_run_bench)
 
 
@@ -113,7 +119,15 @@ def _run_bench(args: argparse.Namespace, console: Console) -> int:
     else:
         run = _compare(config, console)
     if args.json_path:
-        write_json(args.json_path, config, run.gpu_kv_tokens, run.results, argv=args.argv, run=run)
+        write_json(
+            args.json_path,
+            config,
+            run.gpu_kv_tokens,
+            run.results,
+            argv=args.argv,
+            run=run,
+            timeline=args.timeline,
+        )
         console.print(f"wrote {args.json_path}")
     return exit_status(run.results, console)
 

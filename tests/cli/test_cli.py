@@ -163,6 +163,17 @@ def test_open_loop_flag_and_mooncake_reach_the_json_config(tmp_path):
     assert json.loads(path.read_text())["config"]["open_loop"] is True
 
 
+def test_the_hit_timeline_reaches_the_json_only_when_asked(tmp_path):
+    argv = ["bench", "--app", "codegen", "--workflows", "2", "--policies", "lru"]
+    plain, full = tmp_path / "plain.json", tmp_path / "full.json"
+    assert main([*argv, "--json", str(plain)]) == 0
+    assert main([*argv, "--json", str(full), "--timeline"]) == 0
+    (lean,), (timed,) = (json.loads(p.read_text())["results"] for p in (plain, full))
+    assert "hit_timeline" not in lean and len(timed["hit_timeline"]) > 0
+    timed.pop("hit_timeline")
+    assert timed.keys() == lean.keys()
+
+
 def test_an_apps_own_error_in_a_bench_is_one_line_naming_the_node(tmp_path, monkeypatch, capsys):
     (tmp_path / "raising_app.py").write_text(
         "import pbkv\n"
