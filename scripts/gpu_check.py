@@ -14,8 +14,12 @@ Measures (§7.2, issue 5):
 5. ``pbkv calibrate`` on the same model as 1 (the CUDA path of the calibration: device
    syncs, the GPU's memory in the profile) and the fitted profile's error per step.
 4. ``pbkv demo`` itself on the GPU: the live-codegen app, routing on what the model
-   writes and on real test runs, lru vs pbkv (also written on its own as ``demo.json``
-   beside the report, as ``pbkv demo --json`` writes it); on the same model as 1.
+   writes and on real test runs, lru, lru:workflow and pbkv (also written on its own as
+   ``demo.json`` beside the report, as ``pbkv demo --json`` writes it); on the same model
+   as 1.
+6. ``pbkv bench-decode`` on the same model as 1: batch-8 decode on the torch engine
+   beside plain transformers', time per step and the ratio (the CUDA path of the packed
+   forward: no per-row syncs, one LM head).
 
 The apps' token ids need SmolLM2's tokenizer: ``--tokenizer FILE`` (a ``tokenizer.json``,
 built by ``scripts/gpu_wheelhouse.sh``) stands in for the wheel. The report is rewritten
@@ -218,6 +222,29 @@ def calibration(source: str, device: torch.device, quick: bool) -> dict[str, obj
     }
 
 
+def decode(source: str, device: torch.device, quick: bool) -> list[dict[str, object]]:
+    """Batch-8 decode on the torch engine beside plain transformers (``pbkv
+    bench-decode``): per context, each run's seconds a step and the medians' ratios."""
+    from pbkv.engines.torchengine.measure import decode_comparison
+
+    model = load_model(source, device=device)
+    rows = []
+    for context in (128,) if quick else (512, 2048):
+        result = decode_comparison(
+            model, batch=8, context_tokens=context, steps=4 if quick else 16, repeats=3
+        )
+        rows.append(
+            {
+                "context_tokens": context,
+                "plain_step_s": [t.wall_s for t in result.plain],
+                "engine_step_s": [t.wall_s for t in result.engine],
+                "ratio_wall": result.ratio,
+                "ratio_cpu": result.cpu_ratio,
+            }
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("gpu_check.json"))
@@ -261,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     demo_out = args.out.with_name("demo.json")
     report.run("live_demo", lambda: live_demo(device, source, args.quick, demo_out))
     report.run("calibrate", lambda: calibration(source, device, args.quick))
+    report.run("decode", lambda: decode(source, device, args.quick))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if report.ok else 1
 

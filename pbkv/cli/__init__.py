@@ -13,6 +13,7 @@ from rich.console import Console
 
 from pbkv.cli.bench import add_bench, add_sweep, add_trace_plot
 from pbkv.cli.calibrate import add_calibrate
+from pbkv.cli.decode import add_bench_decode
 from pbkv.cli.demo import add_demo
 from pbkv.cli.predictor import add_predictor_commands
 
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_plot(sub)
     add_demo(sub)
     add_calibrate(sub)
+    add_bench_decode(sub)
     add_predictor_commands(sub)
     _add_serve(sub)
     from pbkv.cluster import add_cluster_parser

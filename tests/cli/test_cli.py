@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -172,6 +173,18 @@ def test_the_hit_timeline_reaches_the_json_only_when_asked(tmp_path):
     assert "hit_timeline" not in lean and len(timed["hit_timeline"]) > 0
     timed.pop("hit_timeline")
     assert timed.keys() == lean.keys()
+
+
+def test_bench_decode_prints_the_engine_beside_plain_transformers(capsys):
+    argv = ["bench-decode", "--model", "tiny", "--batch", "2", "--contexts", "12,24"]
+    assert main([*argv, "--steps", "2", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^│ +(\d+) │ +([\d.]+) │ +([\d.]+) │ +([\d.]+) │ +([\d.]+) │$", out, re.M)
+    assert [r[0] for r in rows] == ["12", "24"]
+    for _, plain_ms, engine_ms, wall, _cpu in rows:
+        assert float(plain_ms) > 0 and float(engine_ms) > 0 and float(wall) > 0
+    with pytest.raises(SystemExit):
+        main(["bench-decode", "--contexts", "512,x"])
 
 
 def test_an_apps_own_error_in_a_bench_is_one_line_naming_the_node(tmp_path, monkeypatch, capsys):
