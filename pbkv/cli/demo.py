@@ -18,11 +18,14 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        help="a live app (Planner -> Coder -> tests run for real) on SmolLM2, lru vs pbkv",
+        help="a live app (Planner -> Coder -> tests run for real) on SmolLM2: lru, "
+        "lru:workflow and pbkv",
         description="Serve the live-codegen app on a real model: routing follows what the "
         "model writes, the tester runs the generated code's tests in a subprocess. Every "
         "policy serves the same tasks; prints the wall-clock comparison and the path each "
-        "workflow took. A few minutes on a 2-core CPU; on CUDA when a GPU is visible.",
+        "workflow took; with --repeats, each policy's gain over the first and, for pbkv, over "
+        "the strongest baseline, with its spread. About 10 minutes on a 2-core CPU at the "
+        "defaults; on CUDA when a GPU is visible.",
     )
     p.add_argument("--model", default=d.model, help="smollm2, tiny or a checkpoint folder")
     p.add_argument(
