@@ -2,9 +2,52 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
-__all__ = ["ActorError", "ActorFailed", "ActorStopped", "AskTimeout", "UnknownActor"]
+__all__ = [
+    "ActorError",
+    "ActorFailed",
+    "ActorStopped",
+    "AskTimeout",
+    "UnknownActor",
+    "exception_leaves",
+    "ungrouped",
+]
+
+
+def exception_leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    """Return the exceptions in ``group`` and its nested groups, depth first."""
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(exception_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+@contextmanager
+def ungrouped() -> Iterator[None]:
+    """Raise an exception group that holds one exception as that exception.
+
+    Since trio 0.25 a nursery wraps whatever its body raised in an exception group
+    (``strict_exception_groups``), so a context manager that runs its caller's block
+    inside a nursery would hand the caller a group for its own ``KeyError``. Around such
+    a nursery this gives the caller its exception back (its ``__context__`` as it was);
+    a group of several stays a group. Earlier trio raises the exception itself, which
+    passes through unchanged.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = exception_leaves(group)
+        if len(leaves) != 1:
+            raise
+        (leaf,) = leaves
+        context = leaf.__context__
+        try:
+            raise leaf
+        finally:
+            leaf.__context__ = context  # not the group that carried it
+            del leaf, group
 
 
 class ActorError(Exception):

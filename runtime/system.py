@@ -12,7 +12,7 @@ import trio
 
 from . import clock
 from .actor import Actor, ActorRef, TaskStatus
-from .errors import ActorFailed, UnknownActor
+from .errors import ActorFailed, UnknownActor, ungrouped
 from .stats import ActorState, ActorStatistics
 from .supervision import RestartBudget, Strategy
 
@@ -307,8 +307,9 @@ async def open_actor_system() -> AsyncIterator[ActorSystem]:
     Raises:
         ActorFailed: an actor failed and its supervisor gave up; ``__cause__`` is the error.
     """
-    async with trio.open_nursery() as nursery:
-        system = ActorSystem(nursery)
-        yield system
-        await system.aclose()
+    with ungrouped():  # the block's own error reaches the caller as itself (trio >= 0.25)
+        async with trio.open_nursery() as nursery:
+            system = ActorSystem(nursery)
+            yield system
+            await system.aclose()
     system._raise_if_failed()

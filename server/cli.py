@@ -19,6 +19,8 @@ import math
 import socket
 from typing import Any
 
+from pbkv.runtime.errors import exception_leaves
+
 
 def _api_key(text: str) -> tuple[str, str]:
     key, sep, tenant = text.partition("=")
@@ -337,13 +339,6 @@ class _Signals:
                 self.requested.set()
 
 
-def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for exc in group.exceptions:
-        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return leaves
-
-
 def _startup_error(
     error: BaseExceptionGroup | ValueError | OSError, args: argparse.Namespace
 ) -> Exception:
@@ -357,7 +352,7 @@ def _startup_error(
     if not isinstance(error, BaseExceptionGroup):
         leaves: list[BaseException] = [error]
     else:
-        leaves = _leaves(error)
+        leaves = exception_leaves(error)
         if not leaves or not all(isinstance(e, ValueError | OSError) for e in leaves):
             raise error
     exc = leaves[0]

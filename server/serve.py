@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import trio
 
+from pbkv.runtime.errors import ungrouped
 from pbkv.server.app import OpenAIApp
 from pbkv.server.config import ServerConfig
 from pbkv.server.sessions import SessionRegistry
@@ -197,9 +198,10 @@ async def serve(
 async def open_server(runtime: Any, config: ServerConfig | None = None) -> AsyncIterator[Server]:
     """Serve ``runtime`` for the duration of the block (default: 127.0.0.1, a free port)."""
     config = config or ServerConfig(port=0)
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(run_server, runtime, config)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
+    with ungrouped():  # the block's own error reaches the caller as itself (trio >= 0.25)
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(run_server, runtime, config)
+            try:
+                yield server
+            finally:
+                nursery.cancel_scope.cancel()

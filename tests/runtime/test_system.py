@@ -11,6 +11,7 @@ from pbkv.runtime import (
     UnknownActor,
     open_actor_system,
 )
+from pbkv.runtime.errors import exception_leaves
 
 
 class Recorder(Actor):
@@ -305,3 +306,27 @@ async def test_a_cancelled_actor_refuses_sends_instead_of_leaving_them_blocked(a
     assert not waited.cancelled_caught
     assert trio.current_time() < 1.0  # nobody waited for the busy handler
     assert system.statistics()["a"].state is ActorState.CANCELLED
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_the_blocks_own_error_leaves_the_system_as_itself_under_either_trio_mode(strict):
+    """Since trio 0.25 nurseries group what their body raised (strict_exception_groups);
+    an app's ``KeyError`` inside ``open_actor_system`` must still reach it as a
+    ``KeyError``, its context intact, while two errors at once stay a group."""
+    log: list[str] = []
+
+    async def raises(error: BaseException) -> None:
+        async with open_actor_system() as system:
+            await system.spawn(Recorder("a", log), name="a")
+            raise error
+
+    cause = ValueError("while handling this")
+    error = KeyError("app bug")
+    error.__context__ = cause
+    with pytest.raises(KeyError, match="app bug") as caught:
+        trio.run(raises, error, strict_exception_groups=strict)
+    assert caught.value is error and error.__context__ is cause
+    both = ExceptionGroup("two", [KeyError("a"), OSError("b")])
+    with pytest.raises(ExceptionGroup) as grouped:
+        trio.run(raises, both, strict_exception_groups=strict)
+    assert [type(e) for e in exception_leaves(grouped.value)] == [KeyError, OSError]
