@@ -103,6 +103,12 @@ class DemoConfig:
         shared_context: the agents read one conversation, their role last, so they
             share the workflow's context (see the app's ``shared_context``); ``False``:
             each agent's role opens its prompt.
+
+    Raises:
+        ValueError: no policy, an unknown one, or one row named twice (``lru`` and
+            ``lru:fcfs`` are one row); a count or decode budget below 1;
+            ``max_retries``, ``context_tokens`` or ``host_ratio`` below 0;
+            ``gpu_kv_tokens`` below 1.
     """
 
     model: str = "smollm2"
@@ -123,14 +129,34 @@ class DemoConfig:
     shared_context: bool = True
 
     def __post_init__(self) -> None:
-        for spec in self.policies:
-            name, _ = resolve_spec(spec)
-            get_policy(name)
+        if isinstance(self.policies, str):
+            raise ValueError(f"policies must be a tuple of names, got the string {self.policies!r}")
         if not self.policies:
             raise ValueError("policies must name at least one policy")
+        rows = [resolve_spec(spec) for spec in self.policies]
+        for name, _ in rows:
+            get_policy(name)
+        for i, row in enumerate(rows):
+            if row in rows[:i]:
+                raise ValueError(
+                    f"policies name {':'.join(row)} twice ({', '.join(self.policies)}): "
+                    "each row runs once per repeat"
+                )
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.gpu_kv_tokens is not None and self.gpu_kv_tokens < 1:
+            raise ValueError(f"gpu_kv_tokens must be >= 1 or None, got {self.gpu_kv_tokens}")
         if self.context_tokens < 0:
             raise ValueError(f"context_tokens must be >= 0, got {self.context_tokens}")
-        for name in ("workflows", "concurrency", "block_size", "repeats"):
+        for name in (
+            "workflows",
+            "concurrency",
+            "block_size",
+            "repeats",
+            "plan_tokens",
+            "code_tokens",
+            "analysis_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.host_ratio < 0:
@@ -505,12 +531,16 @@ def _is_pbkv(spec: str) -> bool:
 
 
 def _verdict(policy: str, walls: list[float], base: str, base_walls: list[float]) -> str:
-    gain = statistics.fmean(base_walls) / statistics.fmean(walls)
+    """One line: ``policy``'s mean wall time over ``base``'s (as the repeats table's
+    ``x`` columns read), the speedup, and whether the runs overlap."""
+    ratio = statistics.fmean(walls) / statistics.fmean(base_walls)
     spread = (max(base_walls) - min(base_walls) + max(walls) - min(walls)) / 2
-    if max(walls) < min(base_walls):
+    if len(walls) < 2 or len(base_walls) < 2:
+        verdict = "one run each, no spread to judge the noise by (--repeats 3)"
+    elif max(walls) < min(base_walls):
         verdict = f"every run faster than every {base} run: the gain is above the noise"
     elif min(walls) > max(base_walls):
         verdict = f"every run slower than every {base} run: the loss is above the noise"
     else:
         verdict = f"the runs overlap (mean spread {spread:.1f} s): within the noise"
-    return f"{policy}: {gain:.2f}x {base}'s mean wall time; {verdict}"
+    return f"{policy}: {ratio:.2f}x {base}'s mean wall time ({1 / ratio:.2f}x speedup); {verdict}"

@@ -68,7 +68,9 @@ def test_the_gain_is_above_the_noise_only_when_the_runs_do_not_overlap() -> None
         + [run("lru", 2, 9.5), run("pbkv", 2, 7.5)]
     )
     assert [r.repeat for r in first_runs(apart)] == [0, 0]
-    assert "pbkv: 1.25x lru's mean wall time; every run faster" in gain_verdict(apart)
+    assert "pbkv: 0.80x lru's mean wall time (1.25x speedup); every run faster" in gain_verdict(
+        apart
+    )
     overlap = demo_of(
         [run("lru", 0, 10.0), run("pbkv", 0, 8.0), run("pbkv", 1, 10.2), run("lru", 1, 9.0)]
         + [run("lru", 2, 9.5), run("pbkv", 2, 9.0)]
@@ -99,15 +101,18 @@ def test_a_pbkv_row_is_also_set_against_the_strongest_baseline() -> None:
         rows,
     )
     lines = gain_verdict(demo).splitlines()
-    assert lines[0].startswith("lru:workflow: 1.44x lru's mean wall time; every run faster")
-    assert lines[1].startswith("pbkv: 1.46x lru's mean wall time; every run faster")
+    assert lines[0].startswith("lru:workflow: 0.69x lru's mean wall time (1.44x speedup); every")
+    assert lines[1].startswith("pbkv: 0.68x lru's mean wall time (1.46x speedup); every run")
     assert lines[2] == (
-        "pbkv: 1.01x lru:workflow's mean wall time; the runs overlap (mean spread 0.2 s): "
-        "within the noise"
+        "pbkv: 0.99x lru:workflow's mean wall time (1.01x speedup); the runs overlap (mean "
+        "spread 0.2 s): within the noise"
     )
     assert len(lines) == 3
-    # no baseline but the first: nothing more to say
-    assert len(gain_verdict(demo_of([run("lru", 0, 2.0), run("pbkv", 0, 1.0)])).splitlines()) == 1
+    # no baseline but the first: nothing more to say; one run each: no verdict on the noise
+    (line,) = gain_verdict(demo_of([run("lru", 0, 2.0), run("pbkv", 0, 1.0)])).splitlines()
+    assert line.endswith(
+        "(2.00x speedup); one run each, no spread to judge the noise by (--repeats 3)"
+    )
 
 
 def test_a_demo_row_may_name_its_scheduler_as_the_bench_does() -> None:
@@ -140,3 +145,13 @@ def test_each_row_runs_the_scheduler_its_spec_names() -> None:
         ("pbkv:fcfs", "pbkv", "fcfs"),
         ("pbkv", "pbkv", "workflow"),
     ]
+
+
+def test_a_demo_config_refuses_a_row_named_twice_and_budgets_below_one() -> None:
+    with pytest.raises(ValueError, match="lru:fcfs twice"):
+        DemoConfig(policies=("lru", "lru:fcfs"))
+    with pytest.raises(ValueError, match="a tuple of names"):
+        DemoConfig(policies="pbkv")  # type: ignore[arg-type]
+    for field, value in (("code_tokens", 0), ("max_retries", -1), ("gpu_kv_tokens", 0)):
+        with pytest.raises(ValueError, match=field):
+            DemoConfig(**{field: value})

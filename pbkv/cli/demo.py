@@ -74,7 +74,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         default=3,
         help="runs of every policy, rotated (the gain is printed with its spread)",
     )
-    p.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    p.add_argument("--device", default=None, help="torch device (None: CUDA if visible)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the dry runs")
     p.add_argument("--json", dest="json_path", default=None, help="also write results here")
     p.add_argument(
@@ -130,7 +130,8 @@ def _run_demo(args: argparse.Namespace, console: Console) -> int:
     title = (
         f"live-codegen: {len(demo.tasks)} workflows, concurrency {args.concurrency}, "
         f"GPU KV {demo.gpu_kv_tokens:,} / host {demo.host_kv_tokens:,} tokens, "
-        f"{demo.model} on {demo.device} (wall-clock seconds)"
+        f"{demo.model} on {demo.device} (wall-clock seconds"
+        + (f"; the first of {args.repeats} repeats, all below)" if args.repeats > 1 else ")")
     )
     console.print(comparison_table([run.result for run in first_runs(demo)], title))
     console.print(paths_table(demo))
