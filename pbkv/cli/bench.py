@@ -104,6 +104,8 @@ def _compare(config, console: Console, engine: str = "sim"):  # -> BenchRun
 def _run_bench(args: argparse.Namespace, console: Console) -> int:
     from pbkv.bench.records import write_json
 
+    if args.timeline and (not args.json_path or args.engine == "torch"):
+        raise ValueError("--timeline writes the sim's hit timelines into --json: give --json PATH")
     check_writable(args.json_path)
     config = config_from(args)
     if args.engine == "torch":

@@ -25,6 +25,8 @@ def check_writable(path: str | None) -> None:
     """Fail before a long run if ``path`` cannot be written; create its folder."""
     if path is None:
         return
+    if not path.strip():
+        raise ValueError("an empty path; give a file path")
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{path} is a folder; give a file path")

@@ -173,6 +173,7 @@ def test_the_hit_timeline_reaches_the_json_only_when_asked(tmp_path):
     assert "hit_timeline" not in lean and len(timed["hit_timeline"]) > 0
     timed.pop("hit_timeline")
     assert timed.keys() == lean.keys()
+    assert main([*argv, "--timeline"]) == 2  # nowhere to write it
 
 
 def test_bench_decode_prints_the_engine_beside_plain_transformers(capsys):
