@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pip_install() { python -m pip install --quiet --disable-pip-version-check "$@"; }
 pip_install --no-deps "ai-dynamo==1.6.1" "ai-dynamo-runtime==1.6.1"
+echo "setup_dynamo.sh: ai-dynamo goes in without aisimulate (only its planner needs it);" \
+    "pip's 'requires aisimulate' ERROR line that may follow is expected" >&2
 pip_install "aiohttp>=3.14.3,<4.0" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33.0.0" \
     "msgspec>=0.19.0" "prometheus-client>=0.23.1,<1.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" \
     "tqdm>=4.0.0" "transformers>=4.56.0" "typing-extensions>=4.10.0" \
