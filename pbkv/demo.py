@@ -52,6 +52,7 @@ from pbkv.bench.compare import (
     resolve_spec,
     summarise_outcomes,
 )
+from pbkv.bench.gains import is_pbkv_policy
 from pbkv.examples.live_codegen import REPORT_CHARS, live_codegen_app, live_codegen_tasks
 from pbkv.kvmanager import KVStatistics, get_policy
 from pbkv.live import LiveTask, RuntimeConfig, build_engine, open_runtime, serve_app
@@ -526,8 +527,7 @@ def gain_verdict(demo: DemoResult) -> str:
 
 def _is_pbkv(spec: str) -> bool:
     """Whether a demo row (``policy[:scheduler]``) runs one of pbkv's policies."""
-    name = resolve_spec(spec)[0]
-    return name == "pbkv" or name.startswith("pbkv-")
+    return is_pbkv_policy(resolve_spec(spec)[0])
 
 
 def _verdict(policy: str, walls: list[float], base: str, base_walls: list[float]) -> str:

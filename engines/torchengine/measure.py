@@ -157,9 +157,19 @@ class DecodeComparison:
     engine: tuple[StepTimes, ...]
 
     @property
+    def plain_step_s(self) -> float:
+        """Plain transformers' wall seconds a step (median of the runs)."""
+        return _median(self.plain, 0)
+
+    @property
+    def engine_step_s(self) -> float:
+        """The engine's wall seconds a step (median of the runs)."""
+        return _median(self.engine, 0)
+
+    @property
     def ratio(self) -> float:
         """Engine over plain wall time per token (medians of the runs)."""
-        return _median(self.engine, 0) / _median(self.plain, 0)
+        return self.engine_step_s / self.plain_step_s
 
     @property
     def cpu_ratio(self) -> float:

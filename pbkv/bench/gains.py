@@ -93,9 +93,14 @@ class GainDecomposition:
     fastest: str | None
 
 
+def is_pbkv_policy(name: str) -> bool:
+    """Return whether a policy name is one of pbkv's (``pbkv`` or ``pbkv-*``)."""
+    return name == "pbkv" or name.startswith("pbkv-")
+
+
 def is_pbkv(result: PolicyResult) -> bool:
-    """Return whether a row runs one of pbkv's policies (``pbkv`` or ``pbkv-*``)."""
-    return result.policy == "pbkv" or result.policy.startswith("pbkv-")
+    """Return whether a row runs one of pbkv's policies (:func:`is_pbkv_policy`)."""
+    return is_pbkv_policy(result.policy)
 
 
 def fastest_result(results: Sequence[PolicyResult]) -> PolicyResult | None:

@@ -27,6 +27,14 @@ def float_list(text: str) -> list[float]:
     return values
 
 
+def count_list(text: str) -> list[int]:
+    """Parse comma-separated counts, each at least 1."""
+    try:
+        return [positive_int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 512,2048, got {text!r}") from None
+
+
 def policy_specs(text: str) -> tuple[str, ...]:
     """Parse comma-separated policy specs (``name`` or ``name:scheduler``), each known
     and listed once."""

@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 
 from rich.console import Console
 
-from pbkv.cli.arguments import positive_int
-
-
-def _contexts(text: str) -> list[int]:
-    """Parse comma-separated context lengths (each >= 1)."""
-    try:
-        values = [positive_int(part) for part in text.split(",")]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected counts like 512,2048, got {text!r}") from exc
-    return values
+from pbkv.cli.arguments import count_list, positive_int
 
 
 def add_bench_decode(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +24,7 @@ def add_bench_decode(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="smollm2", help="smollm2, tiny or a checkpoint folder")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences decoding together")
     p.add_argument(
-        "--contexts", type=_contexts, default=[512, 2048], help="prompt lengths, comma-separated"
+        "--contexts", type=count_list, default=[512, 2048], help="prompt lengths, comma-separated"
     )
     p.add_argument("--steps", type=positive_int, default=16, help="decode steps timed a run")
     p.add_argument("--repeats", type=positive_int, default=3, help="engine runs per context")
@@ -64,12 +54,10 @@ def _run_bench_decode(args: argparse.Namespace, console: Console) -> int:
         result = decode_comparison(
             model, batch=args.batch, context_tokens=context, steps=args.steps, repeats=args.repeats
         )
-        plain_ms = statistics.median(t.wall_s for t in result.plain) * 1e3
-        engine_ms = statistics.median(t.wall_s for t in result.engine) * 1e3
         table.add_row(
             f"{context:,}",
-            f"{plain_ms:.1f}",
-            f"{engine_ms:.1f}",
+            f"{result.plain_step_s * 1e3:.1f}",
+            f"{result.engine_step_s * 1e3:.1f}",
             f"{result.ratio:.2f}",
             f"{result.cpu_ratio:.2f}",
         )
